@@ -1,0 +1,37 @@
+# Two commands for a fresh machine:  `make demo`  and  `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test test-all bench lint typecheck clean
+
+setup: $(STAMP)
+
+# torch is pinned and installed first: an unpinned torch would pull a CUDA build.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m unit_scaling demo
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 --timeout 900 -q
+
+test-all: $(STAMP)
+	$(PY) -m pytest -n 2 -q -m ""
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks experiments examples
+	$(PY) -m ruff format --check src tests benchmarks experiments examples
+	$(PY) -m mypy
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Core helpers shared by every unit-scaled op."""

@@ -1,0 +1,141 @@
+"""Parameters tagged with their u-μP role.
+
+u-μP chooses each parameter's learning rate from its role (``mup_type``) and the
+depth of the residual stack it lives in (``mup_scaling_depth``). :class:`Parameter`
+is an :class:`torch.nn.Parameter` that carries both tags through ``deepcopy``,
+``pickle``, ``torch.save``/``torch.load``, ``load_state_dict``, ``.to()`` and
+``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal, Protocol, TypeGuard, get_args, runtime_checkable
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["MupType", "Parameter", "ParameterData", "has_parameter_data"]
+
+MupType = Literal["weight", "bias", "norm", "output"]
+"""The u-μP role of a parameter: hidden ``weight``, ``bias``, ``norm`` gain, or
+``output`` (readout) weight."""
+
+_MUP_TYPES: tuple[str, ...] = get_args(MupType)
+
+
+@runtime_checkable
+class ParameterData(Protocol):
+    """Anything carrying the two u-μP tags (a :class:`Parameter`, or a tensor whose
+    tags were set by hand)."""
+
+    mup_type: MupType
+    mup_scaling_depth: int | None
+
+
+def has_parameter_data(parameter: Any) -> TypeGuard[ParameterData]:
+    """True if ``parameter`` carries a valid ``mup_type`` tag.
+
+    Example::
+
+        >>> has_parameter_data(Parameter(torch.zeros(2), "bias"))
+        True
+        >>> has_parameter_data(torch.nn.Parameter(torch.zeros(2)))
+        False
+    """
+    return getattr(parameter, "mup_type", None) in _MUP_TYPES
+
+
+def _check_tags(mup_type: Any, mup_scaling_depth: Any) -> None:
+    if mup_type not in _MUP_TYPES:
+        raise ValueError(
+            f"mup_type={mup_type!r} is not a u-μP parameter type; expected one of "
+            f"{', '.join(repr(t) for t in _MUP_TYPES)}"
+        )
+    if mup_scaling_depth is not None and (
+        isinstance(mup_scaling_depth, bool)
+        or not isinstance(mup_scaling_depth, int)
+        or mup_scaling_depth < 1
+    ):
+        raise ValueError(
+            f"mup_scaling_depth={mup_scaling_depth!r} must be None or a positive int "
+            "(the number of residual branches the parameter's stack has)"
+        )
+
+
+def _rebuild_parameter(
+    data: Tensor,
+    requires_grad: bool,
+    mup_type: MupType,
+    mup_scaling_depth: int | None,
+) -> Parameter:
+    return Parameter(data, mup_type, mup_scaling_depth, requires_grad=requires_grad)
+
+
+class Parameter(nn.Parameter):
+    """An :class:`torch.nn.Parameter` tagged with its u-μP role.
+
+    Args:
+        data: the initial value.
+        mup_type: one of ``"weight"``, ``"bias"``, ``"norm"``, ``"output"``.
+        mup_scaling_depth: the number of residual branches of the stack the
+            parameter belongs to (set by :class:`unit_scaling.DepthModuleList`).
+        requires_grad: as for :class:`torch.nn.Parameter`.
+
+    Example::
+
+        >>> w = Parameter(torch.randn(4, 8), mup_type="weight")
+        >>> w.mup_type, w.mup_scaling_depth
+        ('weight', None)
+    """
+
+    mup_type: MupType
+    mup_scaling_depth: int | None
+
+    def __new__(
+        cls,
+        data: Tensor,
+        mup_type: MupType,
+        mup_scaling_depth: int | None = None,
+        requires_grad: bool = True,
+    ) -> Parameter:
+        _check_tags(mup_type, mup_scaling_depth)
+        if not isinstance(data, Tensor):
+            raise TypeError(
+                f"data must be a torch.Tensor, got {type(data).__name__}"
+            )
+        p = super().__new__(cls, data, requires_grad)
+        p.mup_type = mup_type
+        p.mup_scaling_depth = mup_scaling_depth
+        return p
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Parameter:
+        if id(self) in memo:
+            return memo[id(self)]  # type: ignore[no-any-return]
+        result = Parameter(
+            self.data.clone(memory_format=torch.preserve_format),
+            self.mup_type,
+            self.mup_scaling_depth,
+            requires_grad=self.requires_grad,
+        )
+        memo[id(self)] = result
+        for key, value in self.__dict__.items():
+            if key not in ("mup_type", "mup_scaling_depth"):
+                setattr(result, key, copy.deepcopy(value, memo))
+        return result
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return (
+            _rebuild_parameter,
+            (self.data, self.requires_grad, self.mup_type, self.mup_scaling_depth),
+        )
+
+    def __repr__(self) -> str:
+        tags = f"mup_type={self.mup_type!r}"
+        if self.mup_scaling_depth is not None:
+            tags += f", mup_scaling_depth={self.mup_scaling_depth}"
+        return f"Parameter({tags}) containing:\n{self.data!r}"
+
+
+# Let `torch.load(..., weights_only=True)` (the default) rebuild tagged parameters.
+torch.serialization.add_safe_globals([_rebuild_parameter, Parameter])
