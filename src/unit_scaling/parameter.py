@@ -101,9 +101,7 @@ class Parameter(nn.Parameter):
     ) -> Parameter:
         _check_tags(mup_type, mup_scaling_depth)
         if not isinstance(data, Tensor):
-            raise TypeError(
-                f"data must be a torch.Tensor, got {type(data).__name__}"
-            )
+            raise TypeError(f"data must be a torch.Tensor, got {type(data).__name__}")
         p = super().__new__(cls, data, requires_grad)
         p.mup_type = mup_type
         p.mup_scaling_depth = mup_scaling_depth

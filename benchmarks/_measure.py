@@ -1,0 +1,59 @@
+"""Timing and memory measurement shared by the benchmarks.
+
+Candidates are always measured side by side in one process, interleaved (each
+round runs every candidate once, in rotating order) so that drift in machine load
+affects them alike; we report medians.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def interleaved_medians(
+    candidates: dict[str, Callable[[], object]], rounds: int, warmup: int = 3
+) -> dict[str, float]:
+    """Median wall-clock seconds per call of each candidate, measured interleaved."""
+    names = list(candidates)
+    for name in names:
+        for _ in range(warmup):
+            candidates[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            candidates[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def peak_memory_bytes(step: Callable[[], object], *roots: object) -> int:
+    """Peak bytes of live CPU tensors during one call of ``step``.
+
+    ``roots`` are modules and optimizers whose existing state (parameters,
+    gradients, optimizer moments) counts towards the peak.
+    """
+    # MemTracker is torch's own dispatch-mode memory tracker; it works on CPU,
+    # where torch has no allocator statistics. It is private API, used only here.
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(*roots)  # type: ignore[arg-type]
+    with tracker:
+        step()
+    snapshot = tracker.get_tracker_snapshot("peak")
+    return int(snapshot[torch.device("cpu")]["Total"])
+
+
+def table(rows: list[tuple[str, ...]], headers: tuple[str, ...]) -> str:
+    """A plain-text table with aligned columns."""
+    cells = [headers, *rows]
+    widths = [max(len(str(row[i])) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

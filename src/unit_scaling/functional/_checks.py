@@ -1,0 +1,53 @@
+"""Argument checks shared by the unit-scaled functions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..constraints import validate_constraint
+
+__all__ = ["autocast_inputs", "reject_unsupported", "validate_constraint"]
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    if value is default:
+        return True
+    if isinstance(value, Tensor) or isinstance(default, Tensor):
+        return False
+    return bool(value == default)
+
+
+def reject_unsupported(op: str, **args: tuple[Any, Any]) -> None:
+    """Raise ``ValueError`` for any torch argument given a non-default value.
+
+    Each keyword maps an argument name to ``(value, default)``. Unit-scaled ops
+    mirror torch signatures, so an argument they cannot honour must fail loudly
+    rather than be ignored.
+    """
+    for name, (value, default) in args.items():
+        if not _is_default(value, default):
+            raise ValueError(
+                f"U.{op}: the {name!r} argument has not been implemented "
+                f"(got {name}={value!r}; only the default {default!r} is supported). "
+                f"Use torch's {op} for this case, or open an issue."
+            )
+
+
+def autocast_inputs(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
+    """Cast floating-point inputs to the autocast dtype when autocast is on.
+
+    Our fused autograd functions call GEMMs directly; casting outside them keeps
+    the casts on the autograd tape, so gradients come back in each input's dtype
+    exactly as with the plain torch op under autocast.
+    """
+    first = next(t for t in tensors if t is not None)
+    device_type = first.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(
+        t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors
+    )
