@@ -54,6 +54,9 @@ def table(rows: list[tuple[str, ...]], headers: tuple[str, ...]) -> str:
     """A plain-text table with aligned columns."""
     cells = [headers, *rows]
     widths = [max(len(str(row[i])) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in cells]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True))
+        for row in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

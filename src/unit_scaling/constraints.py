@@ -83,7 +83,7 @@ VALID_CONSTRAINTS: tuple[str, ...] = tuple(_CONSTRAINTS)
 
 
 def validate_constraint(constraint: str | None) -> None:
-    """Raise ``ValueError`` unless ``constraint`` is ``None``, ``""`` or a valid name."""
+    """Raise ``ValueError`` unless ``constraint`` is None, "" or a known name."""
     if constraint not in (None, "") and constraint not in _CONSTRAINTS:
         raise ValueError(
             f"constraint={constraint!r} is not a known constraint; expected None or "
