@@ -22,6 +22,7 @@ MupType = Literal["weight", "bias", "norm", "output"]
 ``output`` (readout) weight."""
 
 _MUP_TYPES: tuple[str, ...] = get_args(MupType)
+_TAG_NAMES = ("mup_type", "mup_scaling_depth")
 
 
 @runtime_checkable
@@ -68,8 +69,12 @@ def _rebuild_parameter(
     requires_grad: bool,
     mup_type: MupType,
     mup_scaling_depth: int | None,
+    state: dict[str, Any] | None = None,
 ) -> Parameter:
-    return Parameter(data, mup_type, mup_scaling_depth, requires_grad=requires_grad)
+    p = Parameter(data, mup_type, mup_scaling_depth, requires_grad=requires_grad)
+    for key, value in (state or {}).items():
+        setattr(p, key, value)
+    return p
 
 
 class Parameter(nn.Parameter):
@@ -99,9 +104,9 @@ class Parameter(nn.Parameter):
         mup_scaling_depth: int | None = None,
         requires_grad: bool = True,
     ) -> Parameter:
-        _check_tags(mup_type, mup_scaling_depth)
         if not isinstance(data, Tensor):
             raise TypeError(f"data must be a torch.Tensor, got {type(data).__name__}")
+        _check_tags(mup_type, mup_scaling_depth)
         p = super().__new__(cls, data, requires_grad)
         p.mup_type = mup_type
         p.mup_scaling_depth = mup_scaling_depth
@@ -118,17 +123,37 @@ class Parameter(nn.Parameter):
         )
         memo[id(self)] = result
         for key, value in self.__dict__.items():
-            if key not in ("mup_type", "mup_scaling_depth"):
+            if key not in _TAG_NAMES:
                 setattr(result, key, copy.deepcopy(value, memo))
         return result
 
     def __reduce_ex__(self, protocol: Any) -> Any:
+        # Other attributes travel too, as they do for nn.Parameter (hooks do not).
+        state = {k: v for k, v in self.__dict__.items() if k not in _TAG_NAMES}
         return (
             _rebuild_parameter,
-            (self.data, self.requires_grad, self.mup_type, self.mup_scaling_depth),
+            (
+                self.data,
+                self.requires_grad,
+                self.mup_type,
+                self.mup_scaling_depth,
+                state,
+            ),
         )
 
-    def __repr__(self) -> str:
+    def module_load(self, other: Tensor, assign: bool = False) -> Parameter:
+        """The value ``load_state_dict`` swaps in, tagged like ``self``.
+
+        Torch calls this only in swap mode
+        (``torch.__future__.set_swap_module_params_on_conversion(True)``), where it
+        would otherwise swap an untagged ``nn.Parameter`` into the module.
+        """
+        loaded: Tensor = super().module_load(other, assign=assign)  # type: ignore[no-untyped-call]
+        return Parameter(
+            loaded, self.mup_type, self.mup_scaling_depth, self.requires_grad
+        )
+
+    def __repr__(self) -> str:  # type: ignore[override]
         tags = f"mup_type={self.mup_type!r}"
         if self.mup_scaling_depth is not None:
             tags += f", mup_scaling_depth={self.mup_scaling_depth}"
