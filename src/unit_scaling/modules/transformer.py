@@ -1,0 +1,303 @@
+"""A unit-scaled, u-μP transformer: MLP, attention, layer, stack and decoder."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor, nn
+
+from .. import functional as U
+from ..core.functional import transformer_residual_scaling_rule
+from .activation import Dropout
+from .depth import DepthSequential
+from .linear import Linear, LinearReadout
+from .normalization import RMSNorm
+from .sparse import Embedding
+
+__all__ = ["MHSA", "MLP", "TransformerDecoder", "TransformerLayer", "TransformerStack"]
+
+
+class MLP(nn.Module):
+    """Unit-scaled SwiGLU feed-forward block.
+
+    .. math:: y = W_2 \\,\\mathrm{silu\\_glu}(W_1 x, W_{gate} x)
+
+    Args:
+        hidden_size: model width.
+        expansion_factor: inner width is ``expansion_factor * hidden_size``.
+        mult: temperature of the gating SiLU (see :func:`U.silu_glu`).
+
+    Example::
+
+        >>> MLP(64)(torch.randn(2, 5, 64)).shape
+        torch.Size([2, 5, 64])
+    """
+
+    def __init__(
+        self, hidden_size: int, expansion_factor: int = 4, mult: float = 1.0
+    ) -> None:
+        super().__init__()
+        intermediate_size = expansion_factor * hidden_size
+        self.linear_1 = Linear(hidden_size, intermediate_size)
+        self.linear_gate = Linear(hidden_size, intermediate_size)
+        self.linear_2 = Linear(intermediate_size, hidden_size)
+        self.mult = mult
+
+    def forward(self, input: Tensor) -> Tensor:
+        z = U.silu_glu(self.linear_1(input), self.linear_gate(input), mult=self.mult)
+        return self.linear_2(z)
+
+
+class MHSA(nn.Module):
+    """Unit-scaled multi-head self-attention with a fused QKV projection.
+
+    Attention uses :func:`U.scaled_dot_product_attention`, whose softmax
+    temperature is ``mult / head_size`` (u-μP) rather than ``head_size^-½``.
+
+    Args:
+        hidden_size: model width (divisible by ``heads``).
+        heads: number of attention heads.
+        is_causal: apply a causal mask.
+        dropout_p: attention dropout probability (training only).
+        mult: attention temperature multiplier.
+
+    Example::
+
+        >>> MHSA(64, heads=4, is_causal=True)(torch.randn(2, 10, 64)).shape
+        torch.Size([2, 10, 64])
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        heads: int,
+        is_causal: bool,
+        dropout_p: float = 0.0,
+        mult: float = 1.0,
+    ) -> None:
+        super().__init__()
+        if heads < 1 or hidden_size % heads:
+            raise ValueError(
+                f"MHSA: hidden_size={hidden_size} must be a positive multiple of "
+                f"heads={heads}"
+            )
+        self.heads = heads
+        self.is_causal = is_causal
+        self.dropout_p = dropout_p
+        self.mult = mult
+        self.linear_qkv = Linear(hidden_size, 3 * hidden_size)
+        self.linear_o = Linear(hidden_size, hidden_size)
+
+    def forward(self, input: Tensor) -> Tensor:
+        batch, seq, hidden = input.shape
+        q, k, v = (
+            self.linear_qkv(input)
+            .view(batch, seq, 3, self.heads, hidden // self.heads)
+            .permute(2, 0, 3, 1, 4)
+        )
+        attention = U.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            dropout_p=self.dropout_p if self.training else 0.0,
+            is_causal=self.is_causal,
+            mult=self.mult,
+        )
+        return self.linear_o(attention.transpose(1, 2).reshape(batch, seq, hidden))
+
+
+class TransformerLayer(nn.Module):
+    """A pre-norm transformer layer with u-μP residual branches.
+
+    .. math::
+        x \\leftarrow \\mathrm{residual\\_apply}(\\mathrm{MHSA} \\circ
+        \\mathrm{RMSNorm}, x, \\tau_{mhsa}), \\quad
+        x \\leftarrow \\mathrm{residual\\_apply}(\\mathrm{MLP} \\circ
+        \\mathrm{RMSNorm}, x, \\tau_{mlp})
+
+    Args:
+        hidden_size: model width.
+        heads: attention heads.
+        mhsa_tau: residual weight of the attention branch.
+        mlp_tau: residual weight of the MLP branch.
+        is_causal: causal attention.
+        dropout_p: dropout on attention probabilities and branch outputs.
+        mhsa_mult: attention temperature multiplier.
+        mlp_mult: SwiGLU gate temperature multiplier.
+
+    Example::
+
+        >>> layer = TransformerLayer(64, 4, mhsa_tau=0.5, mlp_tau=0.5, is_causal=True)
+        >>> layer(torch.randn(2, 10, 64)).shape
+        torch.Size([2, 10, 64])
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        heads: int,
+        mhsa_tau: float,
+        mlp_tau: float,
+        is_causal: bool,
+        dropout_p: float = 0.0,
+        mhsa_mult: float = 1.0,
+        mlp_mult: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.mhsa_tau = mhsa_tau
+        self.mlp_tau = mlp_tau
+        self.mhsa_norm = RMSNorm(hidden_size)
+        self.mhsa = MHSA(hidden_size, heads, is_causal, dropout_p, mhsa_mult)
+        self.mlp_norm = RMSNorm(hidden_size)
+        self.mlp = MLP(hidden_size, mult=mlp_mult)
+        self.dropout = Dropout(dropout_p)
+
+    def _mhsa_branch(self, x: Tensor) -> Tensor:
+        return self.dropout(self.mhsa(self.mhsa_norm(x)))
+
+    def _mlp_branch(self, x: Tensor) -> Tensor:
+        return self.dropout(self.mlp(self.mlp_norm(x)))
+
+    def forward(self, input: Tensor) -> Tensor:
+        x = U.residual_apply(self._mhsa_branch, input, self.mhsa_tau)
+        return U.residual_apply(self._mlp_branch, x, self.mlp_tau)
+
+    def extra_repr(self) -> str:
+        return f"mhsa_tau={self.mhsa_tau:.4g}, mlp_tau={self.mlp_tau:.4g}"
+
+
+class TransformerStack(DepthSequential):
+    """``layers`` transformer layers whose residual weights follow one rule.
+
+    Layer ``i`` gets ``mhsa_tau = residual_scaling(2i, 2·layers)`` and
+    ``mlp_tau = residual_scaling(2i + 1, 2·layers)``; being a
+    :class:`DepthSequential`, it tags every parameter with
+    ``mup_scaling_depth = layers``.
+
+    Args:
+        layers: number of transformer layers.
+        hidden_size, heads, is_causal, dropout_p, mhsa_mult, mlp_mult: see
+            :class:`TransformerLayer`.
+        residual_scaling: ``tau(index, branches)``; default
+            :func:`unit_scaling.transformer_residual_scaling_rule`.
+
+    Example::
+
+        >>> stack = TransformerStack(2, 64, 4, is_causal=True)
+        >>> stack[0].mlp.linear_1.weight.mup_scaling_depth
+        2
+    """
+
+    def __init__(
+        self,
+        layers: int,
+        hidden_size: int,
+        heads: int,
+        is_causal: bool,
+        dropout_p: float = 0.0,
+        mhsa_mult: float = 1.0,
+        mlp_mult: float = 1.0,
+        residual_scaling: Callable[[int, int], float] | None = None,
+    ) -> None:
+        if layers < 1:
+            raise ValueError(f"TransformerStack: layers={layers} must be >= 1")
+        tau = residual_scaling or transformer_residual_scaling_rule()
+        super().__init__(
+            *(
+                TransformerLayer(
+                    hidden_size,
+                    heads,
+                    mhsa_tau=tau(2 * i, 2 * layers),
+                    mlp_tau=tau(2 * i + 1, 2 * layers),
+                    is_causal=is_causal,
+                    dropout_p=dropout_p,
+                    mhsa_mult=mhsa_mult,
+                    mlp_mult=mlp_mult,
+                )
+                for i in range(layers)
+            )
+        )
+
+
+class TransformerDecoder(nn.Module):
+    """A unit-scaled, u-μP causal language model.
+
+    Embedding → :class:`TransformerStack` (causal) → RMSNorm →
+    :class:`LinearReadout`. Every tensor is unit-scaled at initialisation, so the
+    model trains in FP8/FP16 without loss scaling; train it with
+    :class:`unit_scaling.optim.AdamW` for u-μP learning rates.
+
+    Args:
+        hidden_size: model width.
+        vocab_size: number of tokens.
+        layers: number of transformer layers.
+        heads: attention heads.
+        dropout_p: dropout probability.
+        residual_scaling: see :class:`TransformerStack`.
+        mhsa_mult, mlp_mult: attention and gate temperatures.
+        loss_mult: logit multiplier of the loss (see :func:`U.cross_entropy`).
+
+    Example::
+
+        >>> model = TransformerDecoder(hidden_size=64, vocab_size=256, layers=2,
+        ...                            heads=4)
+        >>> tokens = torch.randint(256, (2, 17))
+        >>> model(tokens[:, :-1]).shape
+        torch.Size([2, 16, 256])
+        >>> model.loss(tokens).shape
+        torch.Size([])
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        vocab_size: int,
+        layers: int,
+        heads: int,
+        dropout_p: float = 0.0,
+        residual_scaling: Callable[[int, int], float] | None = None,
+        *,
+        mhsa_mult: float = 1.0,
+        mlp_mult: float = 1.0,
+        loss_mult: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.loss_mult = loss_mult
+        self.embedding = Embedding(vocab_size, hidden_size)
+        self.layers = TransformerStack(
+            layers,
+            hidden_size,
+            heads,
+            is_causal=True,
+            dropout_p=dropout_p,
+            mhsa_mult=mhsa_mult,
+            mlp_mult=mlp_mult,
+            residual_scaling=residual_scaling,
+        )
+        self.final_norm = RMSNorm(hidden_size)
+        self.projection = LinearReadout(hidden_size, vocab_size)
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        """Logits ``(..., seq, vocab_size)`` for token ids ``(..., seq)``."""
+        x = self.embedding(input_ids)
+        x = self.layers(x)
+        return self.projection(self.final_norm(x))
+
+    def loss(self, input_ids: Tensor) -> Tensor:
+        """Mean next-token cross-entropy of ``input_ids`` ``(batch, seq + 1)``.
+
+        Position ``t`` predicts token ``t + 1``; the last token is only a target.
+        """
+        if input_ids.dim() != 2 or input_ids.shape[1] < 2:
+            raise ValueError(
+                "TransformerDecoder.loss: expected input_ids of shape (batch, seq+1) "
+                f"with seq+1 >= 2, got {tuple(input_ids.shape)}"
+            )
+        logits = self(input_ids[:, :-1])
+        return U.cross_entropy(
+            logits.flatten(end_dim=-2), input_ids[:, 1:].flatten(), mult=self.loss_mult
+        )
+
+    def extra_repr(self) -> str:
+        return f"loss_mult={self.loss_mult}" if self.loss_mult != 1 else ""
+
