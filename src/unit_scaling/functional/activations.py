@@ -1,35 +1,430 @@
-"""Placeholder: being written."""
+"""Unit-scaled elementwise activations, ``softmax`` and ``dropout``.
 
-from typing import Any
+Every activation here is "the torch op, plus an output scale, plus an input-gradient
+scale, plus a constraint", applied by :func:`_scaled_unary` with the fewest passes:
+when the constraint makes both scales equal (the default ``"to_output_scale"``) the
+op is ``c * f(x)`` with its true gradient, one multiply in each direction (plus the
+temperature's when ``mult != 1``).
+
+Conventions for the scales, assuming a unit-normal input and a unit-normal output
+gradient independent of it:
+
+* an **output scale** divides by the output's *standard deviation* (a constant
+  offset, such as the mean of ``relu`` or ``sigmoid``, is not counted: the next
+  linear layer or normalisation absorbs it), except for ``softmax``, whose
+  outputs are normalised by their RMS (in its flat limit the std is zero);
+* a **gradient scale** divides by the input gradient's RMS, which equals its
+  standard deviation because the incoming gradient has zero mean.
+
+``mult`` is the u-μP temperature hyperparameter of an activation: 1 gives the
+standard function, and it is tuned once on a small model and then transferred.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..constraints import apply_constraint
+from ..core.functional import logarithmic_interpolation
+from ..scale import _scale
+from ._checks import reject_unsupported, validate_constraint
+
+__all__ = ["dropout", "gelu", "relu", "sigmoid", "silu", "silu_glu", "softmax", "tanh"]
+
+# The ReLU limit of gelu/silu at large mult: relu(x) of a unit normal has std
+# sqrt((1 - 1/pi) / 2), and its gradient mask keeps half of a unit-normal gradient.
+_RELU_OUTPUT_SCALE = math.sqrt(2 / (1 - 1 / math.pi))  # 1.71286
+_RELU_GRAD_SCALE = math.sqrt(2)
+# E[f(x)²]-type integrals against the unit normal density, by quadrature (the
+# tests recompute them): tanh(x) has std 0.627929 and tanh'(x) RMS 0.681471;
+# sigmoid(x) has std 0.208276 (mean exactly 1/2) and sigmoid'(x) RMS 0.211746.
+_TANH_OUTPUT_SCALE = 1.592537
+_TANH_GRAD_SCALE = 1.467414
+_SIGMOID_OUTPUT_SCALE = 4.801313
+_SIGMOID_GRAD_SCALE = 4.722646
 
 
-def gelu(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError
+def _sigmoid_of_log(z: float) -> float:
+    """``sigmoid(ln z) = z / (1 + z)``, the interpolation weight of the u-μP models.
+
+    Written without the logarithm so that ``z = 0`` gives weight 0.
+    """
+    return z / (1 + z)
 
 
-def silu(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError
+def _check_mult(op: str, mult: float) -> None:
+    if not mult > 0:
+        raise ValueError(
+            f"U.{op}: mult must be a positive number (it is a temperature that "
+            f"multiplies the input), got mult={mult!r}"
+        )
 
 
-def silu_glu(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError
+def _scaled_unary(
+    f: Callable[[Tensor], Tensor],
+    input: Tensor,
+    output_scale: float,
+    grad_scale: float,
+    constraint: str | None,
+    input_mult: float = 1.0,
+    output_mult: float = 1.0,
+) -> Tensor:
+    """``alpha * k * f(m * x)`` whose input gradient is ``beta * d/dx [k * f(m * x)]``.
+
+    ``(alpha, beta)`` are ``(output_scale, grad_scale)`` after the constraint,
+    ``m = input_mult`` and ``k = output_mult``. The temperature multiply carries the
+    gradient correction ``beta / alpha`` in its backward (one op for both), and
+    ``alpha * k`` is applied in one multiply of the output; either is skipped when
+    it is 1.
+    """
+    alpha, beta = apply_constraint(constraint, output_scale, grad_scale)
+    x = _scale(input, input_mult, input_mult * beta / alpha)
+    out_mult = alpha * output_mult
+    y = f(x)
+    return y if out_mult == 1 else y * out_mult
 
 
-def relu(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError
+def gelu(
+    input: Tensor,
+    mult: float = 1.0,
+    constraint: str | None = "to_output_scale",
+    approximate: str = "none",
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.gelu` with a temperature ``mult``.
+
+    .. math::
+        y = \\alpha\\, \\mathrm{GELU}(m x) / m, \\qquad
+        \\partial_x = \\beta\\, \\mathrm{GELU}'(m x)\\, \\partial_y
+
+    The scales are empirical models for a unit-normal input. As ``m → 0`` the
+    function tends to ``x / 2`` (both scales 2); as ``m → ∞`` it tends to ReLU
+    (output :math:`\\sqrt{2 / (1 - 1/\\pi)}`, gradient :math:`\\sqrt 2`). With
+    :math:`w = \\mathrm{sigmoid}(\\ln 4m^2) = 1 / (1 + 1/(4m^2))` the model
+    interpolates log-linearly:
+
+    .. math::
+        \\alpha = 2^{1-w} \\left(\\tfrac{2}{1 - 1/\\pi}\\right)^{w/2}, \\qquad
+        \\beta = 2^{1-w} (\\sqrt 2)^{w}
+
+    then the constraint ties ``(alpha, beta)``.
+
+    Args:
+        input: any shape.
+        mult: the temperature ``m > 0``.
+        constraint: see :mod:`unit_scaling.constraints`.
+        approximate: ``"none"`` or ``"tanh"``, as in torch.
+
+    Example::
+
+        >>> y = U.gelu(torch.randn(2**16), constraint=None)
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    validate_constraint(constraint)
+    _check_mult("gelu", mult)
+    w = _sigmoid_of_log(4 * mult**2)
+    output_scale = logarithmic_interpolation(w, lower=2.0, upper=_RELU_OUTPUT_SCALE)
+    grad_scale = logarithmic_interpolation(w, lower=2.0, upper=_RELU_GRAD_SCALE)
+    return _scaled_unary(
+        lambda x: F.gelu(x, approximate=approximate),
+        input,
+        output_scale,
+        grad_scale,
+        constraint,
+        input_mult=mult,
+        output_mult=1 / mult,
+    )
 
 
-def tanh(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError
+def silu(
+    input: Tensor, mult: float = 1.0, constraint: str | None = "to_output_scale"
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.silu` with a temperature ``mult``.
+
+    .. math::
+        y = \\alpha\\, \\mathrm{SiLU}(m x) / m, \\qquad
+        \\partial_x = \\beta\\, \\mathrm{SiLU}'(m x)\\, \\partial_y
+
+    The same empirical models as :func:`gelu` (limits 2 at small ``m``, ReLU's
+    :math:`\\sqrt{2 / (1 - 1/\\pi)}` and :math:`\\sqrt 2` at large ``m``), except that
+    SiLU approaches ReLU more slowly, so the gradient weight is
+    :math:`w_\\beta = \\mathrm{sigmoid}(\\ln m^2)`:
+
+    .. math::
+        w_\\alpha = \\mathrm{sigmoid}(\\ln 4m^2), \\quad
+        \\alpha = 2^{1-w_\\alpha} \\left(\\tfrac{2}{1 - 1/\\pi}\\right)^{w_\\alpha/2},
+        \\quad \\beta = 2^{1-w_\\beta} (\\sqrt 2)^{w_\\beta}
+
+    then the constraint ties ``(alpha, beta)``.
+
+    Args:
+        input: any shape.
+        mult: the temperature ``m > 0``.
+        constraint: see :mod:`unit_scaling.constraints`.
+
+    Example::
+
+        >>> y = U.silu(torch.randn(2**16), constraint=None)
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    validate_constraint(constraint)
+    _check_mult("silu", mult)
+    output_scale = logarithmic_interpolation(
+        _sigmoid_of_log(4 * mult**2), lower=2.0, upper=_RELU_OUTPUT_SCALE
+    )
+    grad_scale = logarithmic_interpolation(
+        _sigmoid_of_log(mult**2), lower=2.0, upper=_RELU_GRAD_SCALE
+    )
+    return _scaled_unary(
+        F.silu,
+        input,
+        output_scale,
+        grad_scale,
+        constraint,
+        input_mult=mult,
+        output_mult=1 / mult,
+    )
 
 
-def sigmoid(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError
+def silu_glu(input: Tensor, gate: Tensor, mult: float = 1.0) -> Tensor:
+    """Unit-scaled SiLU-gated linear unit (the SwiGLU nonlinearity).
+
+    .. math::
+        y = s\\, x \\cdot \\mathrm{SiLU}(m g) / m, \\qquad
+        s = 2^{1-w} (\\sqrt 2)^{w}, \\quad w = \\mathrm{sigmoid}(\\ln m^2)
+
+    As ``m → 0`` the product tends to ``x g / 2`` (scale 2), as ``m → ∞`` to
+    ``x · relu(g)`` (scale :math:`\\sqrt 2`). The single scale ``s`` serves the
+    output and both input gradients, so the backward pass is the true gradient of
+    the forward.
+
+    Args:
+        input: the linear branch ``x``.
+        gate: the gate ``g``, of the same shape as ``input``.
+        mult: the temperature ``m > 0``.
+
+    Example::
+
+        >>> y = U.silu_glu(torch.randn(2**16), torch.randn(2**16))
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    _check_mult("silu_glu", mult)
+    if input.shape != gate.shape:
+        raise ValueError(
+            "U.silu_glu: input and gate must have the same shape, got "
+            f"{tuple(input.shape)} and {tuple(gate.shape)}"
+        )
+    scale = logarithmic_interpolation(
+        _sigmoid_of_log(mult**2), lower=2.0, upper=_RELU_GRAD_SCALE
+    )
+    activated = F.silu(gate if mult == 1 else gate * mult)
+    # addcmul applies the scale in the same pass as the product; its `self` is a
+    # 0-d zero that needs no gradient.
+    return torch.addcmul(input.new_zeros(()), input, activated, value=scale / mult)
 
 
-def softmax(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError
+def relu(
+    input: Tensor, inplace: bool = False, constraint: str | None = "to_output_scale"
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.relu`.
+
+    .. math::
+        y = \\alpha\\, \\mathrm{relu}(x), \\quad
+        \\alpha = \\sqrt{\\tfrac{2}{1 - 1/\\pi}} \\approx 1.7129, \\qquad
+        \\partial_x = \\beta\\, 1[x > 0]\\, \\partial_y, \\quad \\beta = \\sqrt 2
+
+    ``relu(x)`` of a unit normal has mean :math:`1/\\sqrt{2\\pi}` and standard
+    deviation :math:`\\sqrt{(1 - 1/\\pi)/2}`; ``alpha`` normalises the latter. The
+    mask keeps half of the gradient's variance. The constraint ties
+    ``(alpha, beta)``.
+
+    Args:
+        input: any shape.
+        inplace: only ``False`` is supported.
+        constraint: see :mod:`unit_scaling.constraints`.
+
+    Example::
+
+        >>> y = U.relu(torch.randn(2**16))
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    validate_constraint(constraint)
+    reject_unsupported("relu", inplace=(inplace, False))
+    return _scaled_unary(
+        torch.relu, input, _RELU_OUTPUT_SCALE, _RELU_GRAD_SCALE, constraint
+    )
 
 
-def dropout(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError
+def tanh(input: Tensor, constraint: str | None = "to_output_scale") -> Tensor:
+    """Unit-scaled :func:`torch.tanh`.
+
+    .. math::
+        y = \\alpha \\tanh(x), \\quad \\alpha = 1/\\mathrm{std}[\\tanh x]
+        \\approx 1.592537, \\qquad
+        \\partial_x = \\beta (1 - \\tanh^2 x)\\, \\partial_y, \\quad
+        \\beta = 1/\\mathrm{RMS}[1 - \\tanh^2 x] \\approx 1.467414
+
+    for unit-normal ``x``: :math:`E[\\tanh^2 x] = 0.394294` and
+    :math:`E[(1 - \\tanh^2 x)^2] = 0.464403` (numerical integrals). The constraint
+    ties ``(alpha, beta)``.
+
+    Args:
+        input: any shape.
+        constraint: see :mod:`unit_scaling.constraints`.
+
+    Example::
+
+        >>> y = U.tanh(torch.randn(2**16))
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    validate_constraint(constraint)
+    return _scaled_unary(
+        torch.tanh, input, _TANH_OUTPUT_SCALE, _TANH_GRAD_SCALE, constraint
+    )
+
+
+def sigmoid(input: Tensor, constraint: str | None = "to_output_scale") -> Tensor:
+    """Unit-scaled :func:`torch.sigmoid`.
+
+    .. math::
+        y = \\alpha\\, \\sigma(x), \\quad \\alpha = 1/\\mathrm{std}[\\sigma(x)]
+        \\approx 4.801313, \\qquad
+        \\partial_x = \\beta\\, \\sigma(x)(1 - \\sigma(x))\\, \\partial_y, \\quad
+        \\beta = 1/\\mathrm{RMS}[\\sigma'(x)] \\approx 4.722646
+
+    for unit-normal ``x``: :math:`\\sigma(x)` has mean 1/2 and variance 0.043379,
+    and :math:`E[\\sigma'(x)^2] = 0.044836` (numerical integrals). The output's
+    mean of 1/2 becomes ``alpha / 2 ≈ 2.4`` and is not normalised away. The
+    constraint ties ``(alpha, beta)``.
+
+    Args:
+        input: any shape.
+        constraint: see :mod:`unit_scaling.constraints`.
+
+    Example::
+
+        >>> y = U.sigmoid(torch.randn(2**16))
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    validate_constraint(constraint)
+    return _scaled_unary(
+        torch.sigmoid, input, _SIGMOID_OUTPUT_SCALE, _SIGMOID_GRAD_SCALE, constraint
+    )
+
+
+def _implicit_softmax_dim(ndim: int) -> int:
+    # torch's (deprecated) rule when no dim is given.
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+def softmax(
+    input: Tensor,
+    dim: int | None = None,
+    dtype: torch.dtype | None = None,
+    constraint: str | None = "to_output_scale",
+    mult: float = 1.0,
+    _stacklevel: int = 3,
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.softmax` with a temperature ``mult``.
+
+    .. math::
+        y = \\alpha\\, \\mathrm{softmax}(m x), \\qquad
+        \\partial_x = \\beta\\, \\partial_x \\mathrm{softmax}(m x)
+
+    With ``n`` the size of ``dim``, the empirical models interpolate log-linearly
+    with weight :math:`w = \\mathrm{sigmoid}(\\ln(m^2/4)) = m^2 / (m^2 + 4)` between
+    the flat limit (``m → 0``: every output ``1/n``, gradient RMS ``m/n``) and the
+    one-hot limit (``m → ∞``):
+
+    .. math::
+        \\alpha = n^{1-w} (\\sqrt n)^{w}, \\qquad
+        \\beta = (n/m)^{1-w} (\\sqrt{n/m})^{w}
+
+    ``alpha`` normalises the output's RMS (its entries are all positive). The
+    constraint then ties ``(alpha, beta)``.
+
+    Args:
+        input: any shape.
+        dim: the dimension to normalise over; ``None`` uses torch's deprecated
+            implicit choice (with a warning).
+        dtype: if given, the input is cast to it before the softmax.
+        constraint: see :mod:`unit_scaling.constraints`.
+        mult: the temperature ``m > 0``.
+        _stacklevel: accepted for compatibility with torch and ignored.
+
+    Example::
+
+        >>> y = U.softmax(torch.randn(64, 256), dim=-1)
+        >>> round(y.pow(2).mean().sqrt().item(), 1)
+        1.0
+    """
+    validate_constraint(constraint)
+    _check_mult("softmax", mult)
+    if dim is None:
+        warnings.warn(
+            "U.softmax: implicit dimension choice for softmax has been deprecated; "
+            "pass dim explicitly",
+            UserWarning,
+            stacklevel=2,
+        )
+        dim = _implicit_softmax_dim(input.dim())
+    n = input.shape[dim] if input.dim() > 0 else 1
+    w = _sigmoid_of_log(mult**2 / 4)
+    output_scale = logarithmic_interpolation(w, lower=n, upper=math.sqrt(n))
+    grad_scale = logarithmic_interpolation(w, lower=n / mult, upper=math.sqrt(n / mult))
+    return _scaled_unary(
+        lambda x: F.softmax(x, dim, dtype=dtype),
+        input,
+        output_scale,
+        grad_scale,
+        constraint,
+        input_mult=mult,
+    )
+
+
+def dropout(
+    input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.dropout`.
+
+    .. math::
+        y = \\sqrt{1 - p}\\; \\mathrm{dropout}(x, p)
+          = \\frac{\\mathrm{mask} \\odot x}{\\sqrt{1 - p}}, \\qquad
+        \\partial_x = \\frac{\\mathrm{mask} \\odot \\partial_y}{\\sqrt{1 - p}}
+
+    Torch's dropout divides kept values by ``1 - p``, which preserves the mean but
+    raises the variance to ``1 / (1 - p)``; the extra ``sqrt(1 - p)`` restores unit
+    variance in both passes. With ``training=False`` (or ``p = 0``) this is the
+    identity.
+
+    Args:
+        input: any shape.
+        p: probability of zeroing an element, in ``[0, 1]``.
+        training: apply dropout only when ``True``.
+        inplace: only ``False`` is supported.
+
+    Example::
+
+        >>> y = U.dropout(torch.randn(2**16), p=0.5)
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    reject_unsupported("dropout", inplace=(inplace, False))
+    if not 0 <= p <= 1:
+        raise ValueError(
+            f"U.dropout: p must be a probability between 0 and 1, got p={p!r}"
+        )
+    if not training or p == 0:
+        return input
+    return F.dropout(input * math.sqrt(1 - p), p, training)

@@ -1,7 +1,147 @@
-"""Placeholder: being written."""
+"""Unit-scaled ``scaled_dot_product_attention``.
 
-from typing import Any
+The u-μP softmax temperature is passed as the ``scale=`` argument torch already
+takes, and the single output/gradient scale is one multiply of the output, so a
+unit-scaled attention costs the same as torch's (the fused kernels included).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..core.functional import logarithmic_interpolation
+from .activations import _check_mult, _sigmoid_of_log
+
+__all__ = ["scaled_dot_product_attention"]
 
 
-def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError
+def _check_attention_shapes(
+    query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool
+) -> None:
+    shapes = (
+        f"got query {tuple(query.shape)}, key {tuple(key.shape)} and value "
+        f"{tuple(value.shape)}"
+    )
+    if min(query.dim(), key.dim(), value.dim()) < 2:
+        raise ValueError(
+            "U.scaled_dot_product_attention: expected query (..., L, E), key "
+            f"(..., S, E) and value (..., S, Ev) with at least 2 dimensions; {shapes}"
+        )
+    if query.shape[-1] != key.shape[-1] or query.shape[-1] == 0:
+        raise ValueError(
+            "U.scaled_dot_product_attention: query and key must have the same, "
+            f"nonzero head dimension E (their last dimension); {shapes}"
+        )
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(
+            "U.scaled_dot_product_attention: key and value must have the same "
+            f"sequence length S (their second-to-last dimension); {shapes}"
+        )
+    if enable_gqa and min(query.dim(), key.dim(), value.dim()) >= 3:
+        q_heads, k_heads, v_heads = query.shape[-3], key.shape[-3], value.shape[-3]
+        if k_heads != v_heads or k_heads == 0 or q_heads % k_heads != 0:
+            raise ValueError(
+                "U.scaled_dot_product_attention: with enable_gqa=True, key and value "
+                "must have the same number of heads (dimension -3), dividing the "
+                f"number of query heads; {shapes}"
+            )
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    mult: float = 1.0,
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.scaled_dot_product_attention`.
+
+    With head dimension ``d`` (the last dimension of ``query``) and key sequence
+    length ``s``, the softmax temperature is the u-μP :math:`m / d` rather than
+    :math:`d^{-1/2}`, and the output and the ``query``, ``key`` and ``value``
+    gradients share one scale ``c``:
+
+    .. math::
+        y = c\\, \\mathrm{softmax}\\!\\left(\\frac{m}{d}\\, Q K^T + M\\right)
+            \\mathrm{dropout}_p(V), \\qquad
+        c = \\frac{\\sqrt{1 - p}}{\\ell^{1-w}}, \\quad
+        w = \\mathrm{sigmoid}\\!\\left(\\ln \\frac{m^2}{4 d}\\right), \\quad
+        \\ell = \\sqrt{\\frac{\\lambda}{s}}
+
+    where :math:`\\lambda = 1`, or :math:`\\lambda = \\max(\\ln s, 1)` when
+    ``is_causal``. For unit-normal inputs and small :math:`m/\\sqrt d` attention is
+    nearly uniform, so each output averages ``s`` values (``ln s`` on average
+    under a causal mask) and has RMS ``ell``; as ``m`` grows attention tends to
+    one-hot and the RMS to 1. ``sqrt(1 - p)`` undoes the variance that dropout on
+    the attention probabilities adds. Since every scale equals ``c`` the backward
+    pass is the true gradient of the forward. The output and the value gradient
+    are unit-scaled; the query and key gradients are not (as in u-μP): while
+    attention is nearly uniform their RMS is about :math:`m / \\sqrt d`. The floor
+    of 1 on ``ln s`` only matters for ``s ≤ 2``, where ``ln s`` would vanish.
+
+    A ``scale`` given explicitly (as models written for torch do) is read relative
+    to torch's default :math:`d^{-1/2}`: the effective ``m`` is
+    :math:`m \\cdot \\mathrm{scale} \\cdot \\sqrt d`, so a model passing the standard
+    ``1/sqrt(d)`` gets the unit-scaled temperature ``mult / d``.
+
+    ``attn_mask`` (boolean: ``True`` attends; or float: added to the scores) is
+    passed through; the scale rule assumes it does not restrict attention, so use
+    ``is_causal=True`` rather than an explicit causal mask to get the causal rule.
+
+    Args:
+        query: ``(..., Hq, L, d)``.
+        key: ``(..., Hk, S, d)``.
+        value: ``(..., Hk, S, Ev)``.
+        attn_mask: optional mask broadcastable to ``(..., Hq, L, S)``.
+        dropout_p: dropout probability on the attention weights (applied whenever
+            it is nonzero, as in torch; pass 0 in evaluation).
+        is_causal: apply a causal mask (aligned to the top-left corner, as torch).
+        scale: optional softmax scale, relative to :math:`d^{-1/2}` (see above).
+        enable_gqa: allow grouped-query attention (``Hq`` a multiple of ``Hk``).
+        mult: the u-μP temperature ``m > 0``.
+
+    Example::
+
+        >>> q, k, v = torch.randn(3, 16, 8, 256, 64).unbind(0)
+        >>> y = U.scaled_dot_product_attention(q, k, v)
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    _check_mult("scaled_dot_product_attention", mult)
+    _check_attention_shapes(query, key, value, enable_gqa)
+    if not 0 <= dropout_p <= 1:
+        raise ValueError(
+            "U.scaled_dot_product_attention: dropout_p must be a probability "
+            f"between 0 and 1, got dropout_p={dropout_p!r}"
+        )
+    if scale is not None and not scale > 0:
+        raise ValueError(
+            "U.scaled_dot_product_attention: scale must be positive (it is read "
+            f"relative to 1/sqrt(head_dim)), got scale={scale!r}"
+        )
+    d = query.shape[-1]
+    s = max(key.shape[-2], 1)
+    if scale is not None:
+        mult = mult * scale * math.sqrt(d)
+    spread = max(math.log(s), 1.0) if is_causal else 1.0
+    uniform_rms = math.sqrt(spread / s)
+    w = _sigmoid_of_log(mult**2 / (4 * d))
+    c = math.sqrt(1 - dropout_p) / logarithmic_interpolation(w, uniform_rms, 1.0)
+    out = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=mult / d,
+        enable_gqa=enable_gqa,
+    )
+    return out if c == 1 else out * c
