@@ -1,0 +1,536 @@
+"""Floating-point number formats and quantisation, to simulate low-precision training.
+
+:class:`FPFormat` describes a sign-exponent-mantissa format (E4M3, E5M2, ...) and
+rounds tensors onto it, saturating at its largest value, keeping subnormals, with
+round-to-nearest-even or stochastic rounding. Values are simulated: the result is a
+tensor of the input's dtype holding only values the format can represent.
+
+Two encodings are supported. The default is IEEE-like: the top exponent is reserved
+for infinities and NaN, so E4M3 reaches ``240``. ``finite=True`` is the encoding of
+the OCP 8-bit E4M3 format used by hardware (``torch.float8_e4m3fn``): no infinities,
+the top exponent holds numbers, and only its all-ones mantissa is NaN, so E4M3
+reaches ``448``. OCP E5M2 is IEEE-like. :data:`FP8_E4M3` and :data:`FP8_E5M2` are
+those two formats with round-to-nearest; they round exactly as the native casts.
+
+Quantisation is one fused pass over memory: a kernel compiled with ``torch.compile``
+lazily, once per input dtype (the format is passed as data, so all formats share
+it), for tensors of at least ``2**16`` elements. Smaller tensors, code being traced
+by ``torch.compile`` (which fuses the kernel into its own graph), and machines where
+compilation fails run the same kernel eagerly.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple, cast
+
+import torch
+from torch import Tensor
+
+__all__ = ["FP8_E4M3", "FP8_E5M2", "FPFormat", "format_to_tuple", "tuple_to_format"]
+
+Rounding = Literal["stochastic", "nearest"]
+FormatTuple = tuple[int, int, Rounding, int, bool]
+
+_ROUNDINGS = ("stochastic", "nearest")
+_SHORT_ROUNDING = {"stochastic": "SR", "nearest": "RN"}
+
+# Below this many elements a compiled call saves nothing over eager execution, and
+# compiling for sizes 0 and 1 (which torch.compile specialises) would cost seconds.
+_COMPILE_MIN_NUMEL = 1 << 16
+
+
+@dataclass(frozen=True)
+class FPFormat:
+    """A floating-point format with one sign bit, that rounds tensors onto its values.
+
+    With exponent bias :math:`b = 2^{e-1} - 1`, the IEEE-like format has
+
+    .. math::
+        \\max = 2^{b} (2 - 2^{-m}), \\qquad
+        \\min_\\text{normal} = 2^{1-b}, \\qquad
+        \\min_\\text{subnormal} = 2^{1-b-m},
+
+    and a ``finite`` format (no infinities, all-ones mantissa at the top exponent
+    is NaN) has :math:`\\max = 2^{b+1} (2 - 2^{1-m})`.
+
+    Args:
+        exponent_bits: bits of exponent ``e``, from 2 to 8.
+        mantissa_bits: bits of mantissa ``m`` (without the implicit bit), 0 to 23.
+        rounding: ``"stochastic"`` rounds up with probability equal to the distance
+            from the lower neighbour over the gap (unbiased); ``"nearest"`` rounds to
+            the nearest value, ties to the even encoding.
+        srbits: random bits per stochastic rounding decision: the probability of
+            rounding up is that distance truncated to ``srbits`` bits, as in
+            stochastic-rounding hardware. ``0`` uses the full precision of the
+            input's dtype.
+        finite: use the OCP E4M3 encoding (``torch.float8_e4m3fn``'s "FN"): no
+            infinities, and the top exponent holds numbers except the NaN pattern.
+
+    Example::
+
+        >>> FPFormat(4, 3, "nearest").quantise(torch.tensor([0.3, 1000.0]))
+        tensor([  0.3125, 240.0000])
+        >>> str(FP8_E4M3), FP8_E4M3.max_absolute_value
+        ('E4M3FN-RN', 448.0)
+    """
+
+    exponent_bits: int
+    mantissa_bits: int
+    rounding: Rounding = "stochastic"
+    srbits: int = 0
+    finite: bool = field(default=False, kw_only=True)
+
+    def __post_init__(self) -> None:
+        for name in ("exponent_bits", "mantissa_bits", "srbits"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if not isinstance(self.finite, bool):
+            raise TypeError(f"finite must be a bool, got {type(self.finite).__name__}")
+        if not 2 <= self.exponent_bits <= 8:
+            raise ValueError(
+                f"exponent_bits must be between 2 and 8, got {self.exponent_bits}: "
+                "fewer leave no normal numbers, more cannot be simulated in float32"
+            )
+        if not 0 <= self.mantissa_bits <= 23:
+            raise ValueError(
+                f"mantissa_bits must be between 0 and 23, got {self.mantissa_bits}: "
+                "more cannot be simulated in float32"
+            )
+        if self.rounding not in _ROUNDINGS:
+            raise ValueError(
+                f"rounding must be one of {_ROUNDINGS}, got {self.rounding!r}"
+            )
+        if self.srbits < 0:
+            raise ValueError(f"srbits must be at least 0, got {self.srbits}")
+        if self.srbits and self.rounding == "nearest":
+            raise ValueError(
+                f"srbits={self.srbits} only applies to stochastic rounding; "
+                "use srbits=0 with rounding='nearest'"
+            )
+        if self.finite and self.mantissa_bits == 0:
+            raise ValueError(
+                "finite formats need mantissa_bits >= 1: their top exponent's "
+                "all-ones mantissa is NaN, which leaves E?M0 nothing there"
+            )
+        if self.finite and self.exponent_bits == 8:
+            raise ValueError(
+                "finite formats need exponent_bits <= 7: with 8 the largest value "
+                "exceeds float32's, so it cannot be simulated"
+            )
+
+    @property
+    def bits(self) -> int:
+        """Total bits: sign, exponent and mantissa."""
+        return 1 + self.exponent_bits + self.mantissa_bits
+
+    @property
+    def max_absolute_value(self) -> float:
+        """The largest finite magnitude; larger inputs saturate to it."""
+        bias = (1 << (self.exponent_bits - 1)) - 1
+        if self.finite:
+            return math.ldexp(2 - math.ldexp(1, 1 - self.mantissa_bits), bias + 1)
+        return math.ldexp(2 - math.ldexp(1, -self.mantissa_bits), bias)
+
+    @property
+    def min_absolute_normal(self) -> float:
+        """The smallest magnitude with an implicit leading one, ``2^(2 - 2^(e-1))``."""
+        return 2.0 ** _min_exponent(self)
+
+    @property
+    def min_absolute_subnormal(self) -> float:
+        """The smallest non-zero magnitude, ``min_absolute_normal * 2^-m``."""
+        return 2.0 ** (_min_exponent(self) - self.mantissa_bits)
+
+    def __str__(self) -> str:
+        suffix = str(self.srbits) if self.srbits else ""
+        encoding = "FN" if self.finite else ""
+        return (
+            f"E{self.exponent_bits}M{self.mantissa_bits}{encoding}"
+            f"-{_SHORT_ROUNDING[self.rounding]}{suffix}"
+        )
+
+    def quantise(self, x: Tensor) -> Tensor:
+        """Round ``x`` onto this format's values; same dtype and shape, no gradient.
+
+        .. math:: q(x) = \\operatorname{sign}(x)\\,
+            \\operatorname{round}(\\min(|x|, \\max))
+
+        Magnitudes above ``max_absolute_value`` (and infinities) saturate to it, NaN
+        stays NaN, the sign of zero is kept. The result has the dtype of ``x``: a
+        format wider than that dtype is rounded once more by the dtype.
+        For :data:`FP8_E4M3` and :data:`FP8_E5M2` this equals
+        ``x.to(torch.float8_e4m3fn).to(x.dtype)`` (``float8_e5m2``) bit for bit on
+        every input within range; out of range, where this saturates, the E5M2 cast
+        gives infinity and the E4M3 cast NaN (older torch) or the maximum.
+
+        Stochastic rounding draws its random bits from a counter-based hash of each
+        element's position, seeded from torch's generator on each call, so results
+        follow ``torch.manual_seed`` and the compiled and eager kernels agree.
+
+        Args:
+            x: a floating-point tensor (float32, bfloat16, float16 or float64).
+
+        Example::
+
+            >>> FPFormat(2, 1, "nearest").quantise(torch.tensor([-0.3, 1.2, 9.0]))
+            tensor([-0.5000,  1.0000,  3.0000])
+        """
+        if not x.is_floating_point():
+            raise TypeError(f"quantise expects a floating-point tensor, got {x.dtype}")
+        return _quantise(self, x.detach())
+
+    def quantise_fwd(self, x: Tensor) -> Tensor:
+        """Quantise in the forward pass; the gradient passes through unchanged.
+
+        .. math:: y = q(x), \\qquad \\partial L/\\partial x = \\partial L/\\partial y
+
+        Example::
+
+            >>> x = torch.tensor([0.3], requires_grad=True)
+            >>> FP8_E4M3.quantise_fwd(x).sum().backward()
+            >>> x.grad
+            tensor([1.])
+        """
+        out: Tensor = _QuantiseForward.apply(x, self)  # type: ignore[no-untyped-call]
+        return out
+
+    def quantise_bwd(self, x: Tensor) -> Tensor:
+        """Identity in the forward pass; quantise the gradient.
+
+        .. math:: y = x, \\qquad \\partial L/\\partial x = q(\\partial L/\\partial y)
+
+        Example::
+
+            >>> x = torch.tensor([1.0], requires_grad=True)
+            >>> (0.3 * FP8_E4M3.quantise_bwd(x)).sum().backward()
+            >>> x.grad
+            tensor([0.3125])
+        """
+        out: Tensor = _QuantiseBackward.apply(x, self)  # type: ignore[no-untyped-call]
+        return out
+
+
+FP8_E4M3 = FPFormat(4, 3, "nearest", finite=True)
+"""OCP FP8 E4M3 (``torch.float8_e4m3fn``): max 448, no infinities; round to nearest."""
+
+FP8_E5M2 = FPFormat(5, 2, "nearest")
+"""OCP FP8 E5M2 (``torch.float8_e5m2``), IEEE-like: max 57344; round to nearest."""
+
+
+def format_to_tuple(fmt: FPFormat) -> FormatTuple:
+    """The tuple ``(exponent_bits, mantissa_bits, rounding, srbits, finite)``.
+
+    Example::
+
+        >>> format_to_tuple(FP8_E4M3)
+        (4, 3, 'nearest', 0, True)
+    """
+    return (fmt.exponent_bits, fmt.mantissa_bits, fmt.rounding, fmt.srbits, fmt.finite)
+
+
+def tuple_to_format(t: Sequence[Any]) -> FPFormat:
+    """The format of a tuple from :func:`format_to_tuple`, or of a prefix of one.
+
+    Example::
+
+        >>> tuple_to_format((5, 2, "nearest")) == FP8_E5M2
+        True
+    """
+    if not 2 <= len(t) <= 5:
+        raise ValueError(
+            "a format tuple is (exponent_bits, mantissa_bits[, rounding[, srbits"
+            f"[, finite]]]), got {len(t)} elements: {tuple(t)!r}"
+        )
+    fields = dict(zip(("rounding", "srbits", "finite"), t[2:], strict=False))
+    return FPFormat(t[0], t[1], **fields)
+
+
+def _min_exponent(fmt: FPFormat) -> int:
+    return 2 - (1 << (fmt.exponent_bits - 1))
+
+
+# Quantisation kernels. Each takes a flat tensor and the format as a tuple of
+# parameters: Python numbers when run eagerly or traced (constants in the graph),
+# 0-d tensors when compiled standalone, so one compiled kernel serves every format
+# (dynamo would recompile for each format's constants, and stop after eight).
+
+_Param = Any  # a Python number, or a 0-d tensor holding it
+
+
+class _Compute(NamedTuple):
+    """Float dtype the rounding runs in, its same-width int, and its layout."""
+
+    float_dtype: torch.dtype
+    int_dtype: torch.dtype
+    mantissa_bits: int
+    bias: int
+
+
+_FLOAT32 = _Compute(torch.float32, torch.int32, 23, 127)
+_FLOAT64 = _Compute(torch.float64, torch.int64, 52, 1023)
+
+
+def _compute_for(dtype: torch.dtype) -> _Compute:
+    # Every input dtype but float64 converts exactly to float32.
+    return _FLOAT64 if dtype == torch.float64 else _FLOAT32
+
+
+class _NearestParams(NamedTuple):
+    max_value: _Param
+    min_normal: _Param  # below it the grid is uniform: the subnormals
+    shift: _Param  # low bits of the compute dtype's mantissa that are dropped
+    round_half: _Param  # added before truncating: half a step, minus one
+    lsb_mask: _Param  # 1, or 0 when nothing is dropped
+    keep_mask: _Param
+    inv_min_normal: _Param
+    subnormal_steps: _Param  # 2^m subnormal steps per min_normal
+    inv_subnormal_steps: _Param
+
+
+class _StochasticParams(NamedTuple):
+    max_value: _Param
+    shift: _Param
+    min_normal_exponent: _Param  # biased exponent of min_normal in compute dtype
+    kept_random_bits: _Param
+    min_subnormal: _Param
+    inv_min_normal: _Param
+    tiny_scale: _Param  # maps [0, min_subnormal) onto [0, 2^tiny_bits)
+    tiny_shift: _Param  # random word bits not used below min_subnormal
+
+
+def _nearest_params(fmt: FPFormat, compute: _Compute) -> _NearestParams:
+    shift = compute.mantissa_bits - fmt.mantissa_bits
+    emin = _min_exponent(fmt)
+    return _NearestParams(
+        max_value=fmt.max_absolute_value,
+        min_normal=2.0**emin,
+        shift=shift,
+        round_half=(1 << (shift - 1)) - 1 if shift else 0,
+        lsb_mask=1 if shift else 0,
+        keep_mask=-(1 << shift),
+        inv_min_normal=2.0**-emin,
+        subnormal_steps=2.0**fmt.mantissa_bits,
+        inv_subnormal_steps=2.0**-fmt.mantissa_bits,
+    )
+
+
+def _stochastic_params(fmt: FPFormat, compute: _Compute) -> _StochasticParams:
+    word_bits = compute.mantissa_bits + 1
+    random_bits = min(fmt.srbits or word_bits, word_bits)
+    emin = _min_exponent(fmt)
+    return _StochasticParams(
+        max_value=fmt.max_absolute_value,
+        shift=compute.mantissa_bits - fmt.mantissa_bits,
+        min_normal_exponent=emin + compute.bias,
+        kept_random_bits=random_bits,
+        min_subnormal=fmt.min_absolute_subnormal,
+        inv_min_normal=2.0**-emin,
+        tiny_scale=2.0 ** (fmt.mantissa_bits + random_bits),
+        tiny_shift=word_bits - random_bits,
+    )
+
+
+def _round_nearest(x: Tensor, p: _NearestParams) -> Tensor:
+    compute = _compute_for(x.dtype)
+    xf = x.to(compute.float_dtype)
+    mag = xf.abs().clamp(max=p.max_value)
+    # Normal range: round the bit pattern, ties to even. Carries into the exponent
+    # are right, and NaN is restored below.
+    bits = mag.view(compute.int_dtype)
+    bits = (bits + p.round_half + ((bits >> p.shift) & p.lsb_mask)) & p.keep_mask
+    normal = bits.view(compute.float_dtype)
+    # Subnormal range: a uniform grid; every product is by a power of two, exact.
+    steps = torch.round(mag * p.inv_min_normal * p.subnormal_steps)
+    subnormal = steps * p.inv_subnormal_steps * p.min_normal
+    q = torch.where(mag < p.min_normal, subnormal, normal)
+    return torch.where(xf.isnan(), xf, q.copysign(xf)).to(x.dtype)
+
+
+def _round_stochastic(x: Tensor, p: _StochasticParams, seed: Tensor) -> Tensor:
+    compute = _compute_for(x.dtype)
+    xf = x.to(compute.float_dtype)
+    mag = xf.abs().clamp(max=p.max_value)
+    bits = mag.view(compute.int_dtype)
+    # Bits below the format's step at this magnitude: ``shift`` in the normal
+    # range, more below min_normal (compute subnormals continue the lowest binade).
+    exponent = (bits >> compute.mantissa_bits).clamp(min=1)
+    below = (p.min_normal_exponent - exponent).clamp(min=0)
+    dropped = (p.shift + below).clamp(max=compute.mantissa_bits)
+    step_mask = (1 << dropped) - 1
+    unused = dropped - dropped.clamp(max=p.kept_random_bits)
+    word = _random_words(x.numel(), seed, x.device, compute)
+    offset = word & step_mask & ~((1 << unused) - 1)
+    rounded = ((bits + offset) & ~step_mask).view(compute.float_dtype)
+    # Below the smallest subnormal the step spans more than the compute mantissa:
+    # round up to it with probability mag / min_subnormal, from the same word.
+    threshold = mag * p.inv_min_normal * p.tiny_scale
+    tiny = ((word >> p.tiny_shift) + 1).to(compute.float_dtype) <= threshold
+    tiny_value = tiny.to(compute.float_dtype) * p.min_subnormal
+    q = torch.where(mag < p.min_subnormal, tiny_value, rounded)
+    return torch.where(xf.isnan(), xf, q.copysign(xf)).to(x.dtype)
+
+
+_HASH_MULTIPLIERS = (0x7FEB352D, 0x21F0AAAD, 0x735A2D97)
+_WORD = 0xFFFFFFFF
+
+
+def _hash32(h: Tensor) -> Tensor:
+    # Xor-shift-multiply rounds, a bijection on 32-bit words with good avalanche.
+    # Words live in int64 and multipliers are below 2^31, so nothing overflows.
+    for multiplier in _HASH_MULTIPLIERS:
+        h = h ^ (h >> 16)
+        h = (h * multiplier) & _WORD
+    return h ^ (h >> 16)
+
+
+def _random_words(
+    numel: int, seed: Tensor, device: torch.device, c: _Compute
+) -> Tensor:
+    """``mantissa_bits + 1`` uniform random bits per element, as ``c.int_dtype``.
+
+    A counter-based generator: the hash of (position + seed). Unlike torch's
+    generator, which compiled code calls once per element, it vectorises and fuses
+    into the rounding kernel, and gives the same bits eagerly and compiled.
+    """
+    index = torch.arange(numel, device=device, dtype=torch.int64)
+    word = _hash32((index + seed) & _WORD)
+    if c.mantissa_bits + 1 <= 32:
+        return (word >> (31 - c.mantissa_bits)).to(c.int_dtype)
+    more = _hash32(word ^ _HASH_MULTIPLIERS[0])
+    return (word << (c.mantissa_bits - 31)) | (more >> (63 - c.mantissa_bits))
+
+
+def _round_nearest_native(x: Tensor, max_value: float, target: torch.dtype) -> Tensor:
+    return x.clamp(-max_value, max_value).to(target).to(x.dtype)
+
+
+def _native_dtype(fmt: FPFormat, dtype: torch.dtype) -> torch.dtype | None:
+    """The torch dtype whose cast rounds exactly as ``fmt``, if there is one.
+
+    float64 is excluded: torch converts it to float8 through float32 (rounding twice).
+    """
+    if fmt.rounding != "nearest" or dtype == torch.float64:
+        return None
+    if (fmt.exponent_bits, fmt.mantissa_bits, fmt.finite) == (4, 3, True):
+        return getattr(torch, "float8_e4m3fn", None)
+    if (fmt.exponent_bits, fmt.mantissa_bits, fmt.finite) == (5, 2, False):
+        return getattr(torch, "float8_e5m2", None)
+    return None
+
+
+def _quantise(fmt: FPFormat, x: Tensor) -> Tensor:
+    # One flat, dense layout: compiled once for all shapes, and no strided slow
+    # paths (eager ops on an expanded input run thousands of times slower).
+    flat = x.reshape(-1).contiguous()
+    if _should_compile(flat):
+        try:
+            # Under no_grad, so grad mode never splits the compiled kernel's cache.
+            with torch.no_grad():
+                kernel, args = _kernel(fmt, flat, tensor_params=True)
+                return _compiled(kernel)(flat, *args).view(x.shape)
+        except Exception as error:  # e.g. no C++ compiler: run eagerly from now on
+            _stop_compiling(error)
+    kernel, args = _kernel(fmt, flat, tensor_params=False)
+    return kernel(flat, *args).view(x.shape)
+
+
+def _kernel(
+    fmt: FPFormat, x: Tensor, tensor_params: bool
+) -> tuple[Callable[..., Tensor], tuple[Any, ...]]:
+    """The kernel that quantises ``x`` to ``fmt``, and its arguments after ``x``."""
+    native = _native_dtype(fmt, x.dtype)
+    if native is not None:
+        return _round_nearest_native, (fmt.max_absolute_value, native)
+    compute = _compute_for(x.dtype)
+    params: _NearestParams | _StochasticParams
+    if fmt.rounding == "nearest":
+        params = _nearest_params(fmt, compute)
+    else:
+        params = _stochastic_params(fmt, compute)
+    if tensor_params:
+        params = type(params)(*_tensor_params(params, compute, x.device))
+    if isinstance(params, _NearestParams):
+        return _round_nearest, (params,)
+    seed = torch.randint(0, _WORD + 1, (), dtype=torch.int64, device=x.device)
+    return _round_stochastic, (params, seed)
+
+
+_compile_error: str | None = None
+
+
+def _should_compile(flat: Tensor) -> bool:
+    # Fake tensors, tensor subclasses and traces other than dynamo's take the eager
+    # kernel, which they can trace; dynamo traces it into the caller's graph.
+    return (
+        _compile_error is None
+        and flat.numel() >= _COMPILE_MIN_NUMEL
+        and type(flat) is Tensor
+        and flat.device.type in ("cpu", "cuda")
+        and not torch.compiler.is_compiling()
+    )
+
+
+@functools.cache
+def _compiled(kernel: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    return cast(Callable[..., Tensor], torch.compile(kernel, dynamic=True))
+
+
+def _stop_compiling(error: Exception) -> None:
+    global _compile_error
+    _compile_error = f"{type(error).__name__}: {error}"
+    warnings.warn(
+        "unit_scaling.formats: torch.compile failed, so quantisation runs eagerly "
+        f"(correct, but several passes over memory). The error was: {_compile_error}",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+@functools.lru_cache(maxsize=128)
+def _tensor_params(
+    params: tuple[float, ...], compute: _Compute, device: torch.device
+) -> tuple[Tensor, ...]:
+    return tuple(
+        torch.tensor(
+            value,
+            dtype=compute.float_dtype
+            if isinstance(value, float)
+            else compute.int_dtype,
+            device=device,
+        )
+        for value in params
+    )
+
+
+class _QuantiseForward(torch.autograd.Function):
+    @staticmethod
+    def forward(x: Tensor, fmt: FPFormat) -> Tensor:
+        return fmt.quantise(x)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return grad, None
+
+
+class _QuantiseBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(x: Tensor, fmt: FPFormat) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        ctx.fmt = inputs[1]
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return ctx.fmt.quantise(grad), None
