@@ -13,7 +13,7 @@ from ._torch_map import torch_map
 from .activations import dropout, gelu, relu, sigmoid, silu, silu_glu, softmax, tanh
 from .attention import scaled_dot_product_attention
 from .conv import conv1d, conv2d
-from .linear import linear, linear_readout, matmul
+from .linear import bmm, einsum, linear, linear_readout, matmul
 from .losses import cross_entropy, mse_loss
 from .normalization import group_norm, layer_norm, rms_norm
 from .reductions import mean, sum
@@ -22,10 +22,12 @@ from .sparse import embedding
 
 __all__ = [
     "add",
+    "bmm",
     "conv1d",
     "conv2d",
     "cross_entropy",
     "dropout",
+    "einsum",
     "embedding",
     "gelu",
     "group_norm",

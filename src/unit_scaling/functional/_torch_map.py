@@ -1,6 +1,71 @@
-"""Placeholder: being written."""
+"""``torch_map``: each torch function with a unit-scaled equivalent, mapped to it.
 
+The ``unit_scale`` transform traces a model with TorchDynamo and replaces every
+``call_function`` node whose target is a key here. The keys are therefore the
+objects Dynamo records, which are not always the ones user code calls: Dynamo
+records ``F.rms_norm`` as ``torch.rms_norm``, and ``x @ w`` as ``operator.matmul``
+(``tests/functional/test_torch_map.py`` checks every key against a real trace).
+Tensor methods (``x.softmax(-1)``) are recorded as ``call_method`` nodes, not
+functions, and are not covered by this map.
+
+``torch.sum`` and ``torch.mean`` are deliberately absent: real models call them
+inside hand-written RMSNorm/LayerNorm and losses, where replacing them with unit-
+scaled reductions would change what the model computes. Use ``U.sum``/``U.mean``
+explicitly where a unit-scaled reduction is wanted.
+"""
+
+from __future__ import annotations
+
+import operator
 from collections.abc import Callable
 from typing import Any
 
-torch_map: dict[Callable[..., Any], Callable[..., Any]] = {}
+import torch
+import torch.nn.functional as F
+
+from .activations import dropout, gelu, relu, sigmoid, silu, softmax, tanh
+from .attention import scaled_dot_product_attention
+from .conv import conv1d, conv2d
+from .linear import bmm, einsum, linear, matmul
+from .losses import cross_entropy, mse_loss
+from .normalization import group_norm, layer_norm, rms_norm
+from .residual import add
+from .sparse import embedding
+
+__all__ = ["torch_map"]
+
+torch_map: dict[Callable[..., Any], Callable[..., Any]] = {
+    # matrix products
+    F.linear: linear,
+    torch.matmul: matmul,
+    operator.matmul: matmul,
+    torch.bmm: bmm,
+    torch.einsum: einsum,
+    F.conv1d: conv1d,
+    F.conv2d: conv2d,
+    # activations
+    F.gelu: gelu,
+    F.silu: silu,
+    F.relu: relu,
+    torch.relu: relu,
+    F.tanh: tanh,
+    torch.tanh: tanh,
+    F.sigmoid: sigmoid,
+    torch.sigmoid: sigmoid,
+    F.softmax: softmax,
+    torch.softmax: softmax,
+    F.dropout: dropout,
+    F.scaled_dot_product_attention: scaled_dot_product_attention,
+    # normalisation and lookups
+    F.layer_norm: layer_norm,
+    F.rms_norm: rms_norm,
+    torch.rms_norm: rms_norm,
+    F.group_norm: group_norm,
+    F.embedding: embedding,
+    # losses
+    F.cross_entropy: cross_entropy,
+    F.mse_loss: mse_loss,
+    # additions (``x + y`` is ``operator.add``, which the transform handles itself
+    # because it must first tell residual adds from plain ones)
+    torch.add: add,
+}

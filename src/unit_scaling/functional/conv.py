@@ -1,11 +1,224 @@
-"""Placeholder: being written."""
+"""Unit-scaled convolutions: ``conv1d`` and ``conv2d``.
 
-from typing import Any
+A convolution is a linear layer applied at every output position, so the rule is
+:func:`~unit_scaling.functional.linear`'s with the kernel folded into the fan-in and
+fan-out and the output positions folded into the batch. All scales are applied to
+the weight and bias (weight-sized tensors): the output scale multiplies the weight
+in the forward pass, which also scales the input gradient by the same factor, so
+under a constraint the op costs no activation-sized pass beyond the plain one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from ..constraints import apply_constraint
+from ..scale import _scale, scale_bwd
+from ._checks import validate_constraint
+
+__all__ = ["conv1d", "conv2d"]
+
+_Size = int | Sequence[int]
 
 
-def conv1d(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError
+def _expand(op: str, name: str, value: _Size, n: int) -> tuple[int, ...]:
+    values = (value,) * n if isinstance(value, int) else tuple(value)
+    if len(values) != n:
+        raise ValueError(f"U.{op}: {name}={value!r} must be an int or {n} ints")
+    return values
 
 
-def conv2d(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError
+def _output_size(
+    op: str,
+    spatial: tuple[int, ...],
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    padding: str | _Size,
+    dilations: tuple[int, ...],
+) -> int:
+    """The number of output positions, as torch computes it."""
+    n = len(spatial)
+    if padding == "same":
+        return math.prod(spatial)
+    pads = (0,) * n if padding == "valid" else padding
+    if isinstance(pads, str):
+        raise ValueError(
+            f"U.{op}: padding={padding!r} must be 'same', 'valid', or int(s)"
+        )
+    size = 1
+    for length, k, s, p, d in zip(
+        spatial,
+        kernel,
+        strides,
+        _expand(op, "padding", pads, n),
+        dilations,
+        strict=True,
+    ):
+        size *= max((length + 2 * p - d * (k - 1) - 1) // s + 1, 0)
+    return size
+
+
+def _conv(
+    op: str,
+    conv: Callable[..., Tensor],
+    n: int,
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    stride: _Size,
+    padding: str | _Size,
+    dilation: _Size,
+    groups: int,
+    constraint: str | None,
+    scale_power: tuple[float, float, float],
+) -> Tensor:
+    validate_constraint(constraint)
+    if (
+        weight.dim() != n + 2
+        or input.dim() not in (n + 1, n + 2)
+        or input.shape[-n - 1] != weight.shape[1] * groups
+    ):
+        raise ValueError(
+            f"U.{op}: expected input of shape (N, C_in, *spatial) or (C_in, "
+            f"*spatial) and weight of shape (C_out, C_in / groups, *kernel) with "
+            f"{n} spatial dims, got input {tuple(input.shape)}, weight "
+            f"{tuple(weight.shape)} and groups={groups}"
+        )
+    fan_out, fan_in, *kernel = weight.shape
+    kernel_numel = math.prod(kernel)
+    batch = input.shape[0] if input.dim() == n + 2 else 1
+    strides = _expand(op, "stride", stride, n)
+    dilations = _expand(op, "dilation", dilation, n)
+    positions = _output_size(
+        op, tuple(input.shape[-n:]), tuple(kernel), strides, padding, dilations
+    )
+    output_scale, grad_input_scale = apply_constraint(
+        constraint,
+        max(fan_in * kernel_numel, 1) ** -scale_power[0],
+        (math.prod(strides) * groups / max(fan_out * kernel_numel, 1))
+        ** scale_power[1],
+    )
+    grad_weight_scale = max(positions * batch, 1) ** -scale_power[2]
+    # conv(x, a W, a b) = a conv(x, W, b), and its input gradient is a times the
+    # plain one: only a mismatch with the input-gradient scale needs another op.
+    input = scale_bwd(input, grad_input_scale / output_scale)
+    weight = _scale(weight, output_scale, grad_weight_scale)
+    if bias is not None:
+        bias = _scale(bias, output_scale, grad_weight_scale)
+    return conv(input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv1d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: _Size = 1,
+    padding: str | _Size = 0,
+    dilation: _Size = 1,
+    groups: int = 1,
+    constraint: str | None = "to_output_scale",
+    scale_power: tuple[float, float, float] = (0.5, 0.5, 0.5),
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.conv1d`.
+
+    .. math::
+        y = \\alpha\\,(x \\star W + b),\\quad
+        \\alpha = (\\text{fan\\_in}\\cdot K)^{-p_0},\\quad
+        \\beta_x = \\left(\\frac{S \\cdot G}{\\text{fan\\_out}\\cdot K}\\right)^{p_1},
+        \\quad \\beta_W = \\beta_b = (L_{out} \\cdot N)^{-p_2}
+
+    with ``fan_in = C_in / groups``, ``fan_out = C_out``, ``K`` the kernel size,
+    ``S`` the stride, ``G = groups``, ``L_out`` the output length and ``N`` the
+    batch size (1 if unbatched). An output element sums ``fan_in·K`` terms; an
+    input element receives gradient from ``fan_out·K / (S·G)`` of them on average;
+    a weight element sums over every output position of every batch element. The
+    constraint ties ``alpha`` and ``beta_x``.
+
+    Args:
+        input: ``(N, C_in, L)`` or ``(C_in, L)``.
+        weight: ``(C_out, C_in / groups, K)``.
+        bias: ``(C_out,)`` or ``None``.
+        stride, padding, dilation, groups: as in torch (``padding`` may be
+            ``'same'`` or ``'valid'``).
+        constraint: applied to ``(alpha, beta_x)``; see
+            :mod:`unit_scaling.constraints`.
+        scale_power: the powers ``(p0, p1, p2)``.
+
+    Example::
+
+        >>> y = U.conv1d(torch.randn(8, 16, 100), torch.randn(32, 16, 3))
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    return _conv(
+        "conv1d",
+        torch.conv1d,
+        1,
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        dilation,
+        groups,
+        constraint,
+        scale_power,
+    )
+
+
+def conv2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: _Size = 1,
+    padding: str | _Size = 0,
+    dilation: _Size = 1,
+    groups: int = 1,
+    constraint: str | None = "to_output_scale",
+    scale_power: tuple[float, float, float] = (0.5, 0.5, 0.5),
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.conv2d`.
+
+    .. math::
+        y = \\alpha\\,(x \\star W + b),\\quad
+        \\alpha = (\\text{fan\\_in}\\cdot K)^{-p_0},\\quad
+        \\beta_x = \\left(\\frac{S \\cdot G}{\\text{fan\\_out}\\cdot K}\\right)^{p_1},
+        \\quad \\beta_W = \\beta_b = (L_{out} \\cdot N)^{-p_2}
+
+    as for :func:`conv1d`, with ``K = kH·kW``, ``S = sH·sW`` and
+    ``L_out = H_out·W_out``.
+
+    Args:
+        input: ``(N, C_in, H, W)`` or ``(C_in, H, W)``.
+        weight: ``(C_out, C_in / groups, kH, kW)``.
+        bias: ``(C_out,)`` or ``None``.
+        stride, padding, dilation, groups: as in torch (``padding`` may be
+            ``'same'`` or ``'valid'``).
+        constraint: applied to ``(alpha, beta_x)``; see
+            :mod:`unit_scaling.constraints`.
+        scale_power: the powers ``(p0, p1, p2)``.
+
+    Example::
+
+        >>> y = U.conv2d(torch.randn(8, 16, 20, 20), torch.randn(32, 16, 3, 3))
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    return _conv(
+        "conv2d",
+        torch.conv2d,
+        2,
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        dilation,
+        groups,
+        constraint,
+        scale_power,
+    )

@@ -8,7 +8,9 @@ what the plain op saves. A unit-scaled linear layer therefore costs the same as
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -17,7 +19,7 @@ from ..constraints import apply_constraint
 from ..scale import scale_bwd, scale_fwd
 from ._checks import autocast_inputs, validate_constraint
 
-__all__ = ["linear", "linear_readout", "matmul"]
+__all__ = ["bmm", "einsum", "linear", "linear_readout", "matmul"]
 
 
 def _mm(a: Tensor, b: Tensor, alpha: float) -> Tensor:
@@ -168,8 +170,10 @@ def linear(
         constraint, fan_in ** -scale_power[0], fan_out ** -scale_power[1]
     )
     grad_weight_scale = max(batch, 1) ** -scale_power[2]
-    input, weight, bias = autocast_inputs(input, weight, bias)
-    out: Tensor = _ScaledLinearFn.apply(
+    input, weight, bias = cast(
+        tuple[Tensor, Tensor, Tensor | None], autocast_inputs(input, weight, bias)
+    )
+    out: Tensor = _ScaledLinearFn.apply(  # type: ignore[no-untyped-call]
         input, weight, bias, output_scale, grad_input_scale, grad_weight_scale
     )
     return out
@@ -196,6 +200,16 @@ def linear_readout(
     return linear(input, weight, bias, constraint, scale_power=(1.0, 0.5, 0.5))
 
 
+def _broadcast_batch(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
+    try:
+        return tuple(torch.broadcast_shapes(*shapes))  # type: ignore[no-untyped-call]
+    except RuntimeError:
+        raise ValueError(
+            f"U.{op}: batch dimensions {', '.join(map(str, shapes))} do not "
+            "broadcast to a common shape"
+        ) from None
+
+
 def matmul(
     left: Tensor, right: Tensor, constraint: str | None = "to_output_scale"
 ) -> Tensor:
@@ -207,8 +221,11 @@ def matmul(
         \\alpha = k^{-1/2}, \\quad \\beta_{left} = n^{-1/2}, \\quad
         \\beta_{right} = m^{-1/2}
 
-    With batch dimensions, ``m`` counts every row that contributes to one element
-    of the right operand's gradient (all broadcast rows of ``left``).
+    With batch dimensions, each count also includes the operand's broadcast
+    expansion: with ``B`` the numel of the broadcast batch shape and ``B_left``,
+    ``B_right`` each operand's own, ``beta_left = (n B / B_left)^-1/2`` and
+    ``beta_right = (m B / B_right)^-1/2`` (a gradient element sums that many
+    unit terms). A 1-D operand counts as one row (``m = 1``) or column (``n = 1``).
 
     Args:
         left: at least 1-D.
@@ -217,42 +234,240 @@ def matmul(
 
     Example::
 
-        >>> y = U.matmul(torch.randn(32, 128), torch.randn(128, 16))
+        >>> y = U.matmul(torch.randn(256, 512), torch.randn(512, 256))
         >>> round(y.std().item(), 1)
         1.0
     """
     validate_constraint(constraint)
-    k = left.shape[-1]
-    k_right = right.shape[-2] if right.dim() >= 2 else right.shape[0]
-    if left.dim() == 0 or right.dim() == 0 or k != k_right:
+    if (
+        left.dim() == 0
+        or right.dim() == 0
+        or (left.shape[-1] != right.shape[-2 if right.dim() >= 2 else 0])
+    ):
         raise ValueError(
             "U.matmul: expected operands of shape (..., m, k) and (..., k, n), got "
             f"{tuple(left.shape)} and {tuple(right.shape)}"
         )
+    k = left.shape[-1]
+    m = left.shape[-2] if left.dim() >= 2 else 1
     n = right.shape[-1] if right.dim() >= 2 else 1
-    right_copies = right.numel() // max(k * n, 1)
-    m = left.numel() // max(k * right_copies, 1)
+    left_batch, right_batch = left.shape[:-2], right.shape[:-2]
+    batch = math.prod(_broadcast_batch("matmul", left_batch, right_batch))
     output_scale, left_scale, right_scale = apply_constraint(
-        constraint, k**-0.5, n**-0.5, max(m, 1) ** -0.5
+        constraint,
+        max(k, 1) ** -0.5,
+        max(n * batch // max(math.prod(left_batch), 1), 1) ** -0.5,
+        max(m * batch // max(math.prod(right_batch), 1), 1) ** -0.5,
     )
-    left, right = autocast_inputs(left, right)
-    assert left is not None and right is not None
-    if left.dim() >= 2 and right.dim() == 2:
-        out: Tensor = _ScaledLinearFn.apply(
+    left, right = cast(tuple[Tensor, Tensor], autocast_inputs(left, right))
+    if right.dim() == 2:
+        out: Tensor = _ScaledLinearFn.apply(  # type: ignore[no-untyped-call]
             left, right.t(), None, output_scale, left_scale, right_scale
         )
         return out
     if left.dim() >= 3 and left.shape[:-2] == right.shape[:-2]:
-        batch_shape = left.shape[:-2]
-        out = _ScaledBmmFn.apply(
+        out = _ScaledBmmFn.apply(  # type: ignore[no-untyped-call]
             left.reshape(-1, *left.shape[-2:]),
             right.reshape(-1, *right.shape[-2:]),
             output_scale,
             left_scale,
             right_scale,
         )
-        return out.view(*batch_shape, *out.shape[-2:])
+        return out.view(*left.shape[:-2], *out.shape[-2:])
     # General broadcasting: separate scale ops around torch.matmul.
     left = scale_bwd(left, left_scale)
     right = scale_bwd(right, right_scale)
     return scale_fwd(torch.matmul(left, right), output_scale)
+
+
+def bmm(
+    input: Tensor, mat2: Tensor, constraint: str | None = "to_output_scale"
+) -> Tensor:
+    """Unit-scaled :func:`torch.bmm`.
+
+    For ``[b, m, k] @ [b, k, n]``:
+
+    .. math::
+        \\alpha = k^{-1/2}, \\quad \\beta_{input} = n^{-1/2}, \\quad
+        \\beta_{mat2} = m^{-1/2}
+
+    The scales are folded into the batched GEMM's ``alpha`` in both passes.
+
+    Args:
+        input: ``(b, m, k)``.
+        mat2: ``(b, k, n)``.
+        constraint: applied to ``(alpha, beta_input, beta_mat2)``.
+
+    Example::
+
+        >>> y = U.bmm(torch.randn(8, 64, 128), torch.randn(8, 128, 64))
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    validate_constraint(constraint)
+    if (
+        input.dim() != 3
+        or mat2.dim() != 3
+        or input.shape[0] != mat2.shape[0]
+        or input.shape[2] != mat2.shape[1]
+    ):
+        raise ValueError(
+            "U.bmm: expected input of shape (b, m, k) and mat2 of shape (b, k, n), "
+            f"got input {tuple(input.shape)} and mat2 {tuple(mat2.shape)}"
+        )
+    _, m, k = input.shape
+    n = mat2.shape[2]
+    scales = apply_constraint(
+        constraint, max(k, 1) ** -0.5, max(n, 1) ** -0.5, max(m, 1) ** -0.5
+    )
+    input, mat2 = cast(tuple[Tensor, Tensor], autocast_inputs(input, mat2))
+    out: Tensor = _ScaledBmmFn.apply(input, mat2, *scales)  # type: ignore[no-untyped-call]
+    return out
+
+
+def _einsum_labels(
+    equation: str, operands: tuple[Tensor, ...]
+) -> tuple[list[dict[str, int]], set[str], dict[str, int]]:
+    """Parse an einsum equation: each operand's labels, the output labels, sizes.
+
+    Returns, for each operand, a dict from its (distinct) labels to its own sizes;
+    the set of output labels; and each label's broadcast size. Dimensions under
+    ``...`` get labels ``".0"``, ``".1"``, ... aligned from the right, as in
+    broadcasting.
+    """
+
+    def invalid(reason: str) -> ValueError:
+        return ValueError(f"U.einsum: invalid equation={equation!r}: {reason}")
+
+    def parse_term(term: str) -> tuple[str, bool, str]:
+        before, dots, after = term.partition("...")
+        letters = before + after
+        if "." in after or not all(c.isascii() and c.isalpha() for c in letters):
+            raise invalid(f"{term!r} may contain only letters and one '...'")
+        return before, bool(dots), after
+
+    lhs, arrow, rhs = equation.replace(" ", "").partition("->")
+    if "->" in rhs:
+        raise invalid("more than one '->'")
+    terms = [parse_term(term) for term in lhs.split(",")]
+    if len(terms) != len(operands):
+        raise ValueError(
+            f"U.einsum: equation={equation!r} has {len(terms)} operand term(s) but "
+            f"{len(operands)} operand(s) were given"
+        )
+    ellipsis_dims = [
+        op.dim() - len(before) - len(after)
+        for (before, _, after), op in zip(terms, operands, strict=True)
+    ]
+    for (before, dots, after), dims, op in zip(
+        terms, ellipsis_dims, operands, strict=True
+    ):
+        if dims < 0 or (dims > 0 and not dots):
+            raise invalid(
+                f"term {before + ('...' if dots else '') + after!r} does not match "
+                f"an operand of shape {tuple(op.shape)}"
+            )
+    ellipsis_rank = max(ellipsis_dims, default=0)
+    operand_labels: list[dict[str, int]] = []
+    sizes: dict[str, int] = {}
+    every_label: list[str] = []
+    for (before, _, after), dims, op in zip(
+        terms, ellipsis_dims, operands, strict=True
+    ):
+        dotted = [f".{ellipsis_rank - dims + i}" for i in range(dims)]
+        labels = [*before, *dotted, *after]
+        every_label += labels
+        own: dict[str, int] = {}
+        for label, size in zip(labels, op.shape, strict=True):
+            known = sizes.setdefault(label, size)
+            if size != known and 1 not in (size, known):
+                raise invalid(f"label {label!r} has sizes {known} and {size}")
+            sizes[label] = max(size, known)
+            own[label] = size
+        operand_labels.append(own)
+    if arrow:
+        before, dots, after = parse_term(rhs)
+        output = [*before, *after]
+        if len(set(output)) != len(output) or not set(output) <= set(every_label):
+            raise invalid("output labels must be distinct and appear in an input")
+        dotted = [f".{i}" for i in range(ellipsis_rank)] if dots else []
+        output_labels = {*output, *dotted}
+    else:
+        # Implicit output: the broadcast dims and every label used exactly once.
+        output_labels = {
+            label
+            for label in every_label
+            if label.startswith(".") or every_label.count(label) == 1
+        }
+    return operand_labels, output_labels, sizes
+
+
+def einsum(
+    equation: str,
+    *operands: Tensor | Sequence[Tensor],
+    constraint: str | None = "to_output_scale",
+) -> Tensor:
+    """Unit-scaled :func:`torch.einsum`.
+
+    With ``S`` the product of the sizes of all labels (the iteration space), an
+    output element sums ``S / |out|`` products and a gradient element of operand
+    ``i`` sums ``S / |A_i|`` of them, where ``|X|`` is the product of the sizes of
+    ``X``'s distinct labels:
+
+    .. math::
+        \\alpha = \\Big(\\prod_{l \\notin out} s_l\\Big)^{-1/2}, \\quad
+        \\beta_i = \\Big(\\prod_{l \\notin A_i} s_l\\Big)^{-1/2}
+
+    i.e. the output is scaled by the contracted sizes and each operand's gradient
+    by the sizes of the labels summed when computing it (labels elsewhere but not
+    in that operand, and the broadcast expansion of its size-1 dimensions). For
+    ``"mk,kn->mn"`` this is :func:`matmul`'s rule. Repeated labels within one
+    operand (diagonals) are counted once. When the constraint makes all scales
+    equal (the default) the op is ``alpha * einsum(...)`` with its true gradient,
+    folded into the smallest of the operands and the output.
+
+    Args:
+        equation: subscripts such as ``"bij,bjk->bik"``, with optional ``...``
+            (the sublist format is not supported).
+        operands: the tensors, or one list of them.
+        constraint: applied to ``(alpha, beta_1, ..., beta_n)``.
+
+    Example::
+
+        >>> y = U.einsum("bij,jk->bik", torch.randn(8, 64, 128), torch.randn(128, 64))
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    validate_constraint(constraint)
+    if not isinstance(equation, str):
+        raise TypeError(
+            "U.einsum: equation must be a string such as 'ij,jk->ik' (the sublist "
+            f"format is not supported), got {type(equation).__name__}"
+        )
+    if len(operands) == 1 and not isinstance(operands[0], Tensor):
+        operands = tuple(operands[0])
+    tensors = cast(tuple[Tensor, ...], operands)
+    operand_labels, output_labels, sizes = _einsum_labels(equation, tensors)
+    space = max(math.prod(list(sizes.values())), 1)
+    out_numel = math.prod([sizes[label] for label in output_labels])
+    output_scale, *grad_scales = apply_constraint(
+        constraint,
+        (space / max(out_numel, 1)) ** -0.5,
+        *(
+            (space / max(math.prod(list(own.values())), 1)) ** -0.5
+            for own in operand_labels
+        ),
+    )
+    if all(s == output_scale for s in grad_scales):
+        if output_scale == 1:
+            return torch.einsum(equation, *tensors)
+        # alpha * f with its true gradient: scale whichever tensor is smallest.
+        numels = [t.numel() for t in tensors]
+        smallest = numels.index(min(numels))
+        if out_numel < numels[smallest]:
+            return torch.einsum(equation, *tensors) * output_scale
+        scaled = list(tensors)
+        scaled[smallest] = scaled[smallest] * output_scale
+        return torch.einsum(equation, *scaled)
+    scaled = [scale_bwd(t, s) for t, s in zip(tensors, grad_scales, strict=True)]
+    return scale_fwd(torch.einsum(equation, *scaled), output_scale)
