@@ -1,0 +1,117 @@
+"""Tests for the unit-scaled normalisation layers: ``LayerNorm``, ``RMSNorm``.
+
+Both default to ``elementwise_affine=False`` (no parameters); with affine
+parameters the gain is tagged ``"norm"`` (initialised to ones) and the bias
+``"bias"`` (zeros), and the module equals ``U.layer_norm`` / ``U.rms_norm`` called
+with them, gradients included (which is where the unit scaling lives).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import unit_scaling as uu
+import unit_scaling.functional as U
+from tests.helpers import randn, unit_backward
+
+
+def _run(fn, *inputs: Tensor) -> tuple[Tensor, list[Tensor]]:
+    for t in inputs:
+        t.grad = None
+    out = fn(*inputs)
+    unit_backward(out, seed=1)
+    return out.detach(), [t.grad.clone() for t in inputs]
+
+
+def _assert_same(
+    a: tuple[Tensor, list[Tensor]], b: tuple[Tensor, list[Tensor]]
+) -> None:
+    torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)
+    for ga, gb in zip(a[1], b[1], strict=True):
+        torch.testing.assert_close(ga, gb, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("cls", [uu.LayerNorm, uu.RMSNorm])
+def test_no_parameters_by_default(cls: type[nn.Module]) -> None:
+    norm = cls(16)
+    assert list(norm.parameters()) == []
+    assert norm.weight is None
+
+
+def test_layer_norm_affine_tags_and_init() -> None:
+    norm = uu.LayerNorm(16, elementwise_affine=True)
+    assert isinstance(norm.weight, uu.Parameter) and isinstance(norm.bias, uu.Parameter)
+    assert (norm.weight.mup_type, norm.weight.mup_scaling_depth) == ("norm", None)
+    assert (norm.bias.mup_type, norm.bias.mup_scaling_depth) == ("bias", None)
+    assert torch.equal(norm.weight.detach(), torch.ones(16))
+    assert torch.count_nonzero(norm.bias) == 0
+    no_bias = uu.LayerNorm(16, elementwise_affine=True, bias=False)
+    assert no_bias.bias is None and no_bias.weight.mup_type == "norm"
+
+
+def test_rms_norm_affine_tags_and_init() -> None:
+    norm = uu.RMSNorm((4, 8), elementwise_affine=True)
+    assert isinstance(norm.weight, uu.Parameter)
+    assert (norm.weight.mup_type, norm.weight.mup_scaling_depth) == ("norm", None)
+    assert torch.equal(norm.weight.detach(), torch.ones(4, 8))
+    assert [n for n, _ in norm.named_parameters()] == ["weight"]
+
+
+@pytest.mark.parametrize("cls", [uu.LayerNorm, uu.RMSNorm])
+def test_reset_parameters_keeps_tags(cls: type[nn.Module]) -> None:
+    norm = cls(8, elementwise_affine=True)
+    weight = norm.weight
+    with torch.no_grad():
+        weight.fill_(3)
+    norm.reset_parameters()
+    assert norm.weight is weight and weight.mup_type == "norm"
+    assert torch.equal(weight.detach(), torch.ones(8))
+    if getattr(norm, "bias", None) is not None:
+        assert norm.bias.mup_type == "bias"
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_layer_norm_calls_functional(affine: bool) -> None:
+    norm = uu.LayerNorm((6, 10), eps=1e-3, elementwise_affine=affine)
+    params: list[Tensor] = []
+    if affine:
+        nn.init.normal_(norm.weight)
+        nn.init.normal_(norm.bias)
+        params = [norm.weight, norm.bias]
+    x = randn(5, 6, 10, seed=0)
+    _assert_same(
+        _run(lambda x, *p: norm(x), x, *params),
+        _run(
+            lambda x, *p: U.layer_norm(x, (6, 10), norm.weight, norm.bias, eps=1e-3),
+            x,
+            *params,
+        ),
+    )
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_rms_norm_calls_functional(affine: bool) -> None:
+    norm = uu.RMSNorm(10, eps=0.5, elementwise_affine=affine)
+    params: list[Tensor] = []
+    if affine:
+        nn.init.normal_(norm.weight)
+        params = [norm.weight]
+    x = randn(5, 7, 10, seed=0)
+    _assert_same(
+        _run(lambda x, *p: norm(x), x, *params),
+        _run(lambda x, *p: U.rms_norm(x, (10,), norm.weight, eps=0.5), x, *params),
+    )
+
+
+def test_affine_gradients_are_unit_scaled() -> None:
+    # 64 rows of 32: a plain norm's gain gradient has RMS ≈ sqrt(64) = 8; the
+    # unit-scaled one ≈ 1 (6σ tolerance of an RMS over 32 elements is ≈ 0.75).
+    # (The output gradient must be independent of x: a different seed.)
+    norms = [uu.LayerNorm(32, elementwise_affine=True), uu.RMSNorm(32, None, True)]
+    for norm in norms:
+        x = randn(64, 32, seed=0)
+        unit_backward(norm(x), seed=1)
+        rms = norm.weight.grad.pow(2).mean().sqrt().item()
+        assert 0.5 < rms < 2, f"{type(norm).__name__}: weight grad RMS {rms}"
