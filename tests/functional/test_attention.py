@@ -66,12 +66,26 @@ def test_query_key_grads_are_about_mult_over_sqrt_d(mult: float) -> None:
         assert _rms(t) == pytest.approx(mult / 8, rel=0.15)
 
 
+def _masked_scale(mult: float, d: int, keys_per_query: Tensor) -> float:
+    """The mask-aware rule, restated: lower = sqrt(mean_i 1/n_i)."""
+    w = 1 / (1 + 4 * d / mult**2)
+    lower = keys_per_query.double().reciprocal().mean().sqrt().item()
+    return float(lower ** (w - 1))
+
+
 def _check_matches_torch(
-    q: Tensor, k: Tensor, v: Tensor, *, mult: float = 1.0, **kwargs: Any
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mult: float = 1.0,
+    c: float | None = None,
+    **kwargs: Any,
 ) -> None:
     """U.sdpa == c * F.sdpa(scale=mult/d), gradients included."""
     d, s = q.shape[-1], k.shape[-2]
-    c = _expected_scale(mult, d, s, bool(kwargs.get("is_causal", False)))
+    if c is None:
+        c = _expected_scale(mult, d, s, bool(kwargs.get("is_causal", False)))
     refs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     y = U.scaled_dot_product_attention(q, k, v, mult=mult, **kwargs)
     y_ref = F.scaled_dot_product_attention(*refs, scale=mult / d, **kwargs)
@@ -96,12 +110,34 @@ def test_cross_attention_uses_key_length(is_causal: bool) -> None:
     _check_matches_torch(q, k, v, mult=2.0, is_causal=is_causal)
 
 
-def test_boolean_and_float_masks_pass_through() -> None:
+def test_masks_pass_through_and_set_the_scale() -> None:
     keep = torch.rand(10, 10, generator=torch.Generator().manual_seed(0)) > 0.3
     keep |= torch.eye(10, dtype=torch.bool)  # no fully masked rows
-    _check_matches_torch(*_qkv(2, 3, 10, 16), mult=2.0, attn_mask=keep)
+    c = _masked_scale(2.0, 16, keep.sum(-1))
+    _check_matches_torch(*_qkv(2, 3, 10, 16), mult=2.0, attn_mask=keep, c=c)
+    # An additive mask: -inf (or the dtype's minimum) masks out, biases do not.
+    additive = torch.zeros(10, 10).masked_fill(~keep, float("-inf"))
+    _check_matches_torch(*_qkv(2, 3, 10, 16), mult=2.0, attn_mask=additive, c=c)
     bias = torch.randn(2, 1, 10, 10, generator=torch.Generator().manual_seed(1))
-    _check_matches_torch(*_qkv(2, 3, 10, 16), mult=2.0, attn_mask=bias)
+    full = _masked_scale(2.0, 16, torch.full((10,), 10))
+    _check_matches_torch(*_qkv(2, 3, 10, 16), mult=2.0, attn_mask=bias, c=full)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32])
+def test_explicit_causal_mask_is_unit_scaled_like_is_causal(dtype: torch.dtype) -> None:
+    # Hugging Face models pass a causal mask instead of is_causal=True.
+    q, k, v = _qkv(4, 8, 256, 64)
+    causal = torch.ones(256, 256, dtype=torch.bool).tril()
+    mask = (
+        causal
+        if dtype == torch.bool
+        else torch.zeros(256, 256).masked_fill(~causal, torch.finfo(torch.float32).min)
+    )
+    y = U.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    reference = U.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert abs(_rms(y) - 1) < 0.15
+    # Same scale up to mean(1/i) = H_s/s versus the rule's ln(s)/s.
+    assert _rms(y) / _rms(reference) == pytest.approx(1, rel=0.1)
 
 
 def test_grouped_query_attention() -> None:
@@ -109,19 +145,19 @@ def test_grouped_query_attention() -> None:
     _check_matches_torch(q, k, v, mult=2.0, is_causal=True, enable_gqa=True)
 
 
-def test_explicit_scale_is_relative_to_torch_default() -> None:
+def test_explicit_scale_is_the_temperature_times_mult() -> None:
     q, k, v = _qkv(2, 3, 10, 16)
     d = q.shape[-1]
-    default = U.scaled_dot_product_attention(q, k, v, mult=2.0)
-    # A model passing torch's standard 1/sqrt(d) gets exactly the default rule.
-    standard = U.scaled_dot_product_attention(q, k, v, scale=d**-0.5, mult=2.0)
-    torch.testing.assert_close(standard, default)
-    # Otherwise the effective mult is mult * scale * sqrt(d): here 0.5 * 4 = 2.
-    halved = U.scaled_dot_product_attention(q, k, v, scale=0.5 * d**-0.5, mult=4.0)
-    torch.testing.assert_close(halved, default)
-    c = _expected_scale(2.0, d, 10, is_causal=False)
-    plain = F.scaled_dot_product_attention(q, k, v, scale=2.0 / d)
-    torch.testing.assert_close(halved, c * plain)
+    # A model passing torch's 1/sqrt(d) keeps that temperature: m = sqrt(d).
+    standard = U.scaled_dot_product_attention(q, k, v, scale=d**-0.5)
+    torch.testing.assert_close(
+        standard, U.scaled_dot_product_attention(q, k, v, mult=d**0.5)
+    )
+    # In general the effective mult is mult * scale * d: here 2 * 0.125 * 16 = 4.
+    scaled = U.scaled_dot_product_attention(q, k, v, scale=0.125, mult=2.0)
+    c = _expected_scale(4.0, d, 10, is_causal=False)
+    plain = F.scaled_dot_product_attention(q, k, v, scale=0.25)
+    torch.testing.assert_close(scaled, c * plain)
 
 
 def test_dropout_scale_keeps_unit_scale() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -86,14 +87,20 @@ def scaled_dot_product_attention(
     attention is nearly uniform their RMS is about :math:`m / \\sqrt d`. The floor
     of 1 on ``ln s`` only matters for ``s ≤ 2``, where ``ln s`` would vanish.
 
-    A ``scale`` given explicitly (as models written for torch do) is read relative
-    to torch's default :math:`d^{-1/2}`: the effective ``m`` is
-    :math:`m \\cdot \\mathrm{scale} \\cdot \\sqrt d`, so a model passing the standard
-    ``1/sqrt(d)`` gets the unit-scaled temperature ``mult / d``.
+    A ``scale`` given explicitly (as models written for torch do) is kept as the
+    softmax temperature, times ``mult``: the effective ``m`` is
+    :math:`m \\cdot \\mathrm{scale} \\cdot d`. The :func:`unit_scale` transform relies
+    on this to keep a model's own temperature (usually :math:`d^{-1/2}`), which
+    also keeps its query and key gradients near unit scale.
 
-    ``attn_mask`` (boolean: ``True`` attends; or float: added to the scores) is
-    passed through; the scale rule assumes it does not restrict attention, so use
-    ``is_causal=True`` rather than an explicit causal mask to get the causal rule.
+    With an ``attn_mask`` (boolean: ``True`` attends; or float: added to the
+    scores, where values below half the dtype's minimum mask a key out) the
+    uniform-attention RMS is measured from the mask itself, on the device:
+    :math:`\\ell = \\sqrt{\\operatorname{mean}_i 1/n_i}` with :math:`n_i` the number
+    of keys query ``i`` may attend to. This reduces to the rule above for a full
+    mask (:math:`n_i = s`) and for a causal one (:math:`\\operatorname{mean}_i 1/i
+    \\approx \\ln s / s`), and covers padding and the explicit causal masks that
+    Hugging Face models pass instead of ``is_causal``.
 
     Args:
         query: ``(..., Hq, L, d)``.
@@ -103,7 +110,7 @@ def scaled_dot_product_attention(
         dropout_p: dropout probability on the attention weights (applied whenever
             it is nonzero, as in torch; pass 0 in evaluation).
         is_causal: apply a causal mask (aligned to the top-left corner, as torch).
-        scale: optional softmax scale, relative to :math:`d^{-1/2}` (see above).
+        scale: optional softmax temperature, multiplied by ``mult`` (see above).
         enable_gqa: allow grouped-query attention (``Hq`` a multiple of ``Hk``).
         mult: the u-μP temperature ``m > 0``.
 
@@ -124,16 +131,20 @@ def scaled_dot_product_attention(
     if scale is not None and not scale > 0:
         raise ValueError(
             "U.scaled_dot_product_attention: scale must be positive (it is read "
-            f"relative to 1/sqrt(head_dim)), got scale={scale!r}"
+            f"the softmax temperature), got scale={scale!r}"
         )
     d = query.shape[-1]
     s = max(key.shape[-2], 1)
     if scale is not None:
-        mult = mult * scale * math.sqrt(d)
-    spread = max(math.log(s), 1.0) if is_causal else 1.0
-    uniform_rms = math.sqrt(spread / s)
+        mult = mult * scale * d
     w = _sigmoid_of_log(mult**2 / (4 * d))
-    c = math.sqrt(1 - dropout_p) / logarithmic_interpolation(w, uniform_rms, 1.0)
+    c: float | Tensor
+    if attn_mask is None:
+        spread = max(math.log(s), 1.0) if is_causal else 1.0
+        uniform_rms = math.sqrt(spread / s)
+        c = math.sqrt(1 - dropout_p) / logarithmic_interpolation(w, uniform_rms, 1.0)
+    else:
+        c = math.sqrt(1 - dropout_p) * _masked_uniform_rms(attn_mask) ** (w - 1)
     out = F.scaled_dot_product_attention(
         query,
         key,
@@ -144,4 +155,14 @@ def scaled_dot_product_attention(
         scale=mult / d,
         enable_gqa=enable_gqa,
     )
-    return out if c == 1 else out * c
+    return out if isinstance(c, float) and c == 1 else out * c
+
+
+def _masked_uniform_rms(attn_mask: Tensor) -> Tensor:
+    """RMS of uniform attention under ``attn_mask``: ``sqrt(mean_i 1/n_i)``."""
+    if attn_mask.dtype == torch.bool:
+        allowed = attn_mask
+    else:
+        allowed = attn_mask > torch.finfo(attn_mask.dtype).min / 2
+    keys = allowed.sum(-1, dtype=torch.float32).clamp_min(1)
+    return keys.reciprocal().mean().sqrt()

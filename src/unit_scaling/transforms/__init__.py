@@ -1,0 +1,33 @@
+"""Graph transforms that apply unit scaling, scale tracking and format simulation
+to any ``nn.Module``.
+
+Each transform traces the module with TorchDynamo, rewrites the captured FX
+graph, and returns a new module (the input is never modified). Transforms
+compose in any order the documents allow::
+
+    model = compile(simulate_fp8(unit_scale(model)))
+    model = track_scales(unit_scale(model))
+"""
+
+from .compile import compile
+from .simulate_format import simulate_format, simulate_fp8
+from .track_scales import (
+    Metrics,
+    prune_non_float_tensors,
+    prune_same_scale_tensors,
+    prune_selected_nodes,
+    track_scales,
+)
+from .unit_scale import unit_scale
+
+__all__ = [
+    "Metrics",
+    "compile",
+    "prune_non_float_tensors",
+    "prune_same_scale_tensors",
+    "prune_selected_nodes",
+    "simulate_format",
+    "simulate_fp8",
+    "track_scales",
+    "unit_scale",
+]

@@ -1,0 +1,129 @@
+"""FX graph helpers shared by the transforms (public torch.fx API only)."""
+
+from __future__ import annotations
+
+import heapq
+import operator
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.fx import Graph, Node
+
+__all__ = [
+    "ancestors_between",
+    "example_value",
+    "is_add",
+    "is_float_tensor_node",
+    "node_index",
+    "retarget",
+]
+
+_ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add)
+_ADD_METHODS = ("add", "add_", "__add__", "__iadd__", "__radd__")
+
+
+def example_value(node: Any) -> Any:
+    """The (fake) value Dynamo recorded for ``node``, if any."""
+    return node.meta.get("example_value") if isinstance(node, Node) else None
+
+
+def is_float_tensor_node(node: Any) -> bool:
+    """True for a node whose recorded value is a floating-point tensor."""
+    value = example_value(node)
+    return isinstance(value, Tensor) and value.is_floating_point()
+
+
+def is_add(node: Node) -> bool:
+    """True for ``a + b``, ``torch.add(a, b)``, ``a.add(b)`` (and in-place forms)."""
+    if node.op == "call_function":
+        return node.target in _ADD_FUNCTIONS
+    return node.op == "call_method" and node.target in _ADD_METHODS
+
+
+def retarget(
+    node: Node,
+    target: Callable[..., Any],
+    args: tuple[Any, ...] | None = None,
+    kwargs: dict[str, Any] | None = None,
+) -> None:
+    """Turn ``node`` into a ``call_function`` of ``target`` (keeping its users)."""
+    node.op = "call_function"
+    node.target = target
+    if args is not None:
+        node.args = args
+    if kwargs is not None:
+        node.kwargs = kwargs
+
+
+def node_index(graph: Graph) -> dict[Node, int]:
+    """Each node's position in the graph's (topological) order."""
+    return {node: i for i, node in enumerate(graph.nodes)}
+
+
+def ancestors_between(
+    start: Node, stop: Node, index: dict[Node, int]
+) -> set[Node] | None:
+    """Nodes on paths from ``stop`` to ``start`` (both included), or ``None``
+    when ``stop`` is not an ancestor of ``start``.
+
+    Walks up from ``start`` but never below ``stop``'s position in the graph, so
+    the cost is bounded by the size of the region between the two nodes; over
+    all the residual adds of a model this is linear in the graph size.
+    """
+    floor = index[stop]
+    seen: set[Node] = set()
+    frontier = [start]
+    while frontier:
+        node = frontier.pop()
+        if node in seen or index[node] < floor:
+            continue
+        seen.add(node)
+        frontier.extend(node.all_input_nodes)
+    if stop not in seen:
+        return None
+    # Keep only nodes that also descend from `stop`.
+    between = {stop}
+    for node in sorted(seen, key=index.__getitem__):
+        if node is not stop and any(p in between for p in node.all_input_nodes):
+            between.add(node)
+    return between
+
+
+def all_ancestors(nodes: Iterable[Node]) -> set[Node]:
+    """Every node that ``nodes`` depend on, and ``nodes`` themselves."""
+    seen: set[Node] = set()
+    frontier = list(nodes)
+    while frontier:
+        node = frontier.pop()
+        if node not in seen:
+            seen.add(node)
+            frontier.extend(node.all_input_nodes)
+    return seen
+
+
+def have_common_ancestor(
+    a: Node, b: Node, index: dict[Node, int], follow: Callable[[Node], bool]
+) -> bool:
+    """True if ``a`` and ``b`` both depend on some node (walking only through
+    nodes for which ``follow`` holds).
+
+    Walks up from both in decreasing graph order, so the search stops at their
+    nearest common ancestor; operands with none explore only their own ancestry.
+    """
+    heap = [(-index[a], 0, a), (-index[b], 1, b)]
+    reached: dict[Node, int] = {}
+    while heap:
+        _, side, node = heapq.heappop(heap)
+        mask = 1 << side
+        previous = reached.get(node, 0)
+        if previous & mask:
+            continue
+        reached[node] = previous | mask
+        if reached[node] == 3:
+            return True
+        for parent in node.all_input_nodes:
+            if follow(parent):
+                heapq.heappush(heap, (-index[parent], side, parent))
+    return False
