@@ -39,7 +39,8 @@ class _Layer(nn.Module):
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.linear_o(a.transpose(1, 2).reshape(batch, seq, hidden))
         y = F.rms_norm(x, (hidden,))
-        return x + self.linear_2(self.linear_1(y) * F.silu(self.linear_gate(y)))
+        out: Tensor = x + self.linear_2(self.linear_1(y) * F.silu(self.linear_gate(y)))
+        return out
 
 
 class StandardTransformerDecoder(nn.Module):
@@ -71,7 +72,9 @@ class StandardTransformerDecoder(nn.Module):
                 f"hidden_size={hidden_size} must be a multiple of heads={heads}"
             )
         self.embedding = nn.Embedding(vocab_size, hidden_size)
-        self.layers = nn.Sequential(*(_Layer(hidden_size, heads) for _ in range(layers)))
+        self.layers = nn.Sequential(
+            *(_Layer(hidden_size, heads) for _ in range(layers))
+        )
         self.projection = nn.Linear(hidden_size, vocab_size, bias=False)
         for name, param in self.named_parameters():
             residual_out = name.endswith(("linear_o.weight", "linear_2.weight"))
@@ -81,7 +84,8 @@ class StandardTransformerDecoder(nn.Module):
     def forward(self, input_ids: Tensor) -> Tensor:
         """Logits ``(..., seq, vocab_size)`` for token ids ``(..., seq)``."""
         x = self.layers(self.embedding(input_ids))
-        return self.projection(F.rms_norm(x, (x.shape[-1],)))
+        logits: Tensor = self.projection(F.rms_norm(x, (x.shape[-1],)))
+        return logits
 
     def loss(self, input_ids: Tensor) -> Tensor:
         """Mean next-token cross-entropy of ``input_ids`` ``(batch, seq + 1)``."""

@@ -47,7 +47,7 @@ def _scale(x: Tensor, fwd: Scale, bwd: Scale) -> Tensor:
     """
     if _is_one(fwd) and _is_one(bwd):
         return x
-    out: Tensor = _ScaleFwdBwd.apply(x, fwd, bwd)
+    out: Tensor = _ScaleFwdBwd.apply(x, fwd, bwd)  # type: ignore[no-untyped-call]
     return out
 
 

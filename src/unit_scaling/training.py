@@ -85,7 +85,7 @@ def train(
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(batch)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         value = loss.item()
         elapsed += time.perf_counter() - start
@@ -98,6 +98,8 @@ def train(
             break
         if step % eval_every == 0 or step == steps:
             record_validation(step)
-            bar.set_postfix(loss=f"{value:.3f}", val=f"{history.validation_loss[-1]:.3f}")
+            bar.set_postfix(
+                loss=f"{value:.3f}", val=f"{history.validation_loss[-1]:.3f}"
+            )
     history.tokens_per_second = tokens / elapsed if elapsed else math.nan
     return history

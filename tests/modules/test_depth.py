@@ -69,11 +69,6 @@ def test_module_list_iadd_updates_depth() -> None:
     _assert_depth(container)
 
 
-@pytest.mark.xfail(
-    reason="DepthSequential inherits nn.Sequential.__iadd__/__imul__, which call "
-    "add_module directly and so skip the re-tagging",
-    strict=True,
-)
 def test_sequential_iadd_and_imul_update_depth() -> None:
     container = uu.DepthSequential(_block())
     container += uu.DepthSequential(_block())
@@ -119,11 +114,6 @@ def test_rejects_untagged_parameter_when_mutated(make) -> None:
         container[0] = nested
 
 
-@pytest.mark.xfail(
-    reason="the container is mutated before the tags are checked, so a rejected "
-    "module stays inside it",
-    strict=True,
-)
 @pytest.mark.parametrize("make", CONTAINERS)
 def test_rejected_module_is_not_added(make) -> None:
     container = make(_block())

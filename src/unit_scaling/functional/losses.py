@@ -17,6 +17,7 @@ from torch import Tensor
 
 from ..scale import _scale, scale_bwd
 from ._checks import reject_unsupported
+from .activations import _check_mult
 
 __all__ = ["cross_entropy", "mse_loss"]
 
@@ -112,6 +113,7 @@ def cross_entropy(
         label_smoothing=(label_smoothing, 0.0),
     )
     _check_reduction("cross_entropy", reduction)
+    _check_mult("cross_entropy", mult)
     _check_class_targets(input, target)
     num_classes = input.shape[1] if input.dim() >= 2 else input.shape[0]
     grad_scale = num_classes / math.sqrt(num_classes - 1) if num_classes > 1 else 1.0

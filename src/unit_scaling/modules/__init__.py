@@ -6,7 +6,13 @@ from .linear import Conv1d, Linear, LinearReadout
 from .loss import CrossEntropyLoss
 from .normalization import LayerNorm, RMSNorm
 from .sparse import Embedding
-from .transformer import MHSA, MLP, TransformerDecoder, TransformerLayer, TransformerStack
+from .transformer import (
+    MHSA,
+    MLP,
+    TransformerDecoder,
+    TransformerLayer,
+    TransformerStack,
+)
 
 __all__ = [
     "GELU",

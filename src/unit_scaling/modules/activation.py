@@ -36,7 +36,9 @@ class GELU(nn.GELU):
         return U.gelu(input, self.mult, self.constraint, self.approximate)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, mult={self.mult}, constraint={self.constraint!r}"
+        return (
+            f"{super().extra_repr()}, mult={self.mult}, constraint={self.constraint!r}"
+        )
 
 
 class SiLU(nn.SiLU):

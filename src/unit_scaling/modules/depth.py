@@ -17,27 +17,37 @@ from ..parameter import has_parameter_data
 __all__ = ["DepthModuleList", "DepthSequential"]
 
 
-def _set_scaling_depth(container: nn.Module, depth: int) -> None:
-    for name, param in container.named_parameters():
-        if has_parameter_data(param):
-            param.mup_scaling_depth = depth
-        else:
-            raise ValueError(
-                f"{type(container).__name__}: parameter {name!r} "
-                f"(shape {tuple(param.shape)}) has no u-μP tag; depth containers "
-                "hold only unit_scaling modules, or parameters created with "
-                "unit_scaling.Parameter(data, mup_type=...)"
-            )
+def _check_tagged(owner: str, modules: Iterable[nn.Module], start: int = 0) -> None:
+    for i, module in enumerate(modules, start):
+        for name, param in module.named_parameters():
+            if not has_parameter_data(param):
+                raise ValueError(
+                    f"{owner}: parameter {f'{i}.{name}'!r} (shape "
+                    f"{tuple(param.shape)}) has no u-μP tag; depth containers hold "
+                    "only unit_scaling modules, or parameters created with "
+                    "unit_scaling.Parameter(data, mup_type=...)"
+                )
 
 
 class _TagsDepth:
-    """Mixin re-tagging after every mutation of a ModuleList/Sequential."""
+    """Mixin keeping ``mup_scaling_depth = len(self)`` through every mutation of a
+    ModuleList/Sequential, and refusing untagged parameters before they enter."""
 
     def _retag(self) -> None:
         assert isinstance(self, nn.Module)
-        _set_scaling_depth(self, len(self._modules))
+        _check_tagged(type(self).__name__, self._modules.values())  # type: ignore[arg-type]
+        for param in self.parameters():
+            param.mup_scaling_depth = len(self._modules)  # type: ignore[attr-defined]
+
+    def _admit(self, modules: Iterable[nn.Module], at: Any = None) -> None:
+        assert isinstance(self, nn.Module)
+        start = len(self._modules) if at is None else at
+        _check_tagged(
+            type(self).__name__, modules, start if isinstance(start, int) else 0
+        )
 
     def __setitem__(self, idx: Any, module: nn.Module) -> None:
+        self._admit([module], idx)
         super().__setitem__(idx, module)  # type: ignore[misc]
         self._retag()
 
@@ -46,17 +56,37 @@ class _TagsDepth:
         self._retag()
 
     def insert(self, index: int, module: nn.Module) -> Any:
+        self._admit([module], index)
         out = super().insert(index, module)  # type: ignore[misc]
         self._retag()
         return out
 
     def append(self, module: nn.Module) -> Any:
+        self._admit([module])
         out = super().append(module)  # type: ignore[misc]
         self._retag()
         return out
 
     def extend(self, modules: Iterable[nn.Module]) -> Any:
+        modules = list(modules)
+        self._admit(modules)
         out = super().extend(modules)  # type: ignore[misc]
+        self._retag()
+        return out
+
+    def __iadd__(self, other: Any) -> Any:
+        self._admit(list(other))
+        out = super().__iadd__(other)  # type: ignore[misc]
+        self._retag()
+        return out
+
+    def __imul__(self, other: int) -> Any:
+        out = super().__imul__(other)  # type: ignore[misc]
+        self._retag()
+        return out
+
+    def pop(self, key: Any) -> nn.Module:
+        out: nn.Module = super().pop(key)  # type: ignore[misc]
         self._retag()
         return out
 

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from .. import functional as U
 from ..constraints import validate_constraint
-from ..parameter import MupType, Parameter
+from ..parameter import MupType, Parameter, _KeepsTags
 
 __all__ = ["Conv1d", "Linear", "LinearReadout"]
 
 
-class Linear(nn.Linear):
+class Linear(_KeepsTags, nn.Linear):
     """Unit-scaled :class:`torch.nn.Linear`: ``y = U.linear(x, W, b)``.
 
     The weight is initialised ``N(0, 1)`` (the scale lives in the op, not the
@@ -95,7 +95,7 @@ class LinearReadout(Linear):
         return U.linear_readout(input, self.weight, self.bias, self.constraint)
 
 
-class Conv1d(nn.Conv1d):
+class Conv1d(_KeepsTags, nn.Conv1d):
     """Unit-scaled :class:`torch.nn.Conv1d`: ``y = U.conv1d(x, W, b, ...)``.
 
     Weight ``N(0, 1)`` tagged ``"weight"``; bias (off by default) zero, ``"bias"``.
@@ -120,7 +120,7 @@ class Conv1d(nn.Conv1d):
         dilation: int = 1,
         groups: int = 1,
         bias: bool = False,
-        padding_mode: str = "zeros",
+        padding_mode: Literal["zeros"] = "zeros",
         device: Any = None,
         dtype: torch.dtype | None = None,
         constraint: str | None = "to_output_scale",
@@ -132,8 +132,17 @@ class Conv1d(nn.Conv1d):
             )
         validate_constraint(constraint)
         super().__init__(
-            in_channels, out_channels, kernel_size, stride, padding, dilation,
-            groups, bias, padding_mode, device, dtype,
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            groups,
+            bias,
+            padding_mode,
+            device,
+            dtype,
         )
         self.weight = Parameter(self.weight.data, mup_type="weight")
         if self.bias is not None:
@@ -147,6 +156,15 @@ class Conv1d(nn.Conv1d):
 
     def forward(self, input: Tensor) -> Tensor:
         return U.conv1d(
-            input, self.weight, self.bias, self.stride, self.padding, self.dilation,
-            self.groups, constraint=self.constraint,
+            input,
+            self.weight,
+            self.bias,
+            self.stride,
+            self.padding,
+            self.dilation,
+            self.groups,
+            constraint=self.constraint,
         )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, constraint={self.constraint!r}"  # type: ignore[no-untyped-call]

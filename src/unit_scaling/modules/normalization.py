@@ -8,20 +8,21 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as U
-from ..parameter import Parameter
+from ..parameter import Parameter, _KeepsTags
 
 __all__ = ["LayerNorm", "RMSNorm"]
 
 
 def _tag_affine(module: nn.Module) -> None:
     """Re-tag a norm module's existing affine parameters in place."""
-    if getattr(module, "weight", None) is not None:
-        module.weight = Parameter(module.weight.data, mup_type="norm")
-    if getattr(module, "bias", None) is not None:
-        module.bias = Parameter(module.bias.data, mup_type="bias")
+    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+    if isinstance(weight, Tensor):
+        module.weight = Parameter(weight.data, mup_type="norm")
+    if isinstance(bias, Tensor):
+        module.bias = Parameter(bias.data, mup_type="bias")
 
 
-class LayerNorm(nn.LayerNorm):
+class LayerNorm(_KeepsTags, nn.LayerNorm):
     """Unit-scaled :class:`torch.nn.LayerNorm`: ``y = U.layer_norm(x, ...)``.
 
     The output of a norm is already unit-scaled; only the affine gradients are
@@ -52,7 +53,7 @@ class LayerNorm(nn.LayerNorm):
         )
 
 
-class RMSNorm(nn.RMSNorm):
+class RMSNorm(_KeepsTags, nn.RMSNorm):
     """Unit-scaled :class:`torch.nn.RMSNorm`: ``y = U.rms_norm(x, ...)``.
 
     ``elementwise_affine`` defaults to ``False``; when on, the gain is tagged

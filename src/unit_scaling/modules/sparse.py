@@ -8,12 +8,13 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as U
-from ..parameter import Parameter
+from ..functional._checks import reject_unsupported
+from ..parameter import Parameter, _KeepsTags
 
 __all__ = ["Embedding"]
 
 
-class Embedding(nn.Embedding):
+class Embedding(_KeepsTags, nn.Embedding):
     """Unit-scaled :class:`torch.nn.Embedding`.
 
     The table is ``N(0, 1)`` (torch's default) and tagged ``mup_type="weight"``;
@@ -34,13 +35,34 @@ class Embedding(nn.Embedding):
         num_embeddings: int,
         embedding_dim: int,
         padding_idx: int | None = None,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = False,
+        _weight: Tensor | None = None,
+        _freeze: bool = False,
         device: Any = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(
-            num_embeddings, embedding_dim, padding_idx, device=device, dtype=dtype
+        reject_unsupported(
+            "Embedding",
+            max_norm=(max_norm, None),
+            norm_type=(norm_type, 2.0),
+            scale_grad_by_freq=(scale_grad_by_freq, False),
+            sparse=(sparse, False),
         )
-        self.weight = Parameter(self.weight.data, mup_type="weight")
+        super().__init__(
+            num_embeddings,
+            embedding_dim,
+            padding_idx,
+            _weight=_weight,
+            _freeze=_freeze,
+            device=device,
+            dtype=dtype,
+        )
+        self.weight = Parameter(
+            self.weight.data, mup_type="weight", requires_grad=not _freeze
+        )
 
     def forward(self, input: Tensor) -> Tensor:
         return U.embedding(input, self.weight, self.padding_idx)

@@ -45,7 +45,11 @@ class MLP(nn.Module):
 
     def forward(self, input: Tensor) -> Tensor:
         z = U.silu_glu(self.linear_1(input), self.linear_gate(input), mult=self.mult)
-        return self.linear_2(z)
+        out: Tensor = self.linear_2(z)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"mult={self.mult}"
 
 
 class MHSA(nn.Module):
@@ -89,6 +93,11 @@ class MHSA(nn.Module):
         self.linear_o = Linear(hidden_size, hidden_size)
 
     def forward(self, input: Tensor) -> Tensor:
+        if input.dim() != 3:
+            raise ValueError(
+                "MHSA: expected input of shape (batch, seq, hidden), got "
+                f"{tuple(input.shape)}"
+            )
         batch, seq, hidden = input.shape
         q, k, v = (
             self.linear_qkv(input)
@@ -103,7 +112,16 @@ class MHSA(nn.Module):
             is_causal=self.is_causal,
             mult=self.mult,
         )
-        return self.linear_o(attention.transpose(1, 2).reshape(batch, seq, hidden))
+        out: Tensor = self.linear_o(
+            attention.transpose(1, 2).reshape(batch, seq, hidden)
+        )
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"heads={self.heads}, is_causal={self.is_causal}, "
+            f"dropout_p={self.dropout_p}, mult={self.mult}"
+        )
 
 
 class TransformerLayer(nn.Module):
@@ -153,10 +171,12 @@ class TransformerLayer(nn.Module):
         self.dropout = Dropout(dropout_p)
 
     def _mhsa_branch(self, x: Tensor) -> Tensor:
-        return self.dropout(self.mhsa(self.mhsa_norm(x)))
+        out: Tensor = self.dropout(self.mhsa(self.mhsa_norm(x)))
+        return out
 
     def _mlp_branch(self, x: Tensor) -> Tensor:
-        return self.dropout(self.mlp(self.mlp_norm(x)))
+        out: Tensor = self.dropout(self.mlp(self.mlp_norm(x)))
+        return out
 
     def forward(self, input: Tensor) -> Tensor:
         x = U.residual_apply(self._mhsa_branch, input, self.mhsa_tau)
@@ -278,10 +298,10 @@ class TransformerDecoder(nn.Module):
         self.projection = LinearReadout(hidden_size, vocab_size)
 
     def forward(self, input_ids: Tensor) -> Tensor:
-        """Logits ``(..., seq, vocab_size)`` for token ids ``(..., seq)``."""
-        x = self.embedding(input_ids)
-        x = self.layers(x)
-        return self.projection(self.final_norm(x))
+        """Logits ``(batch, seq, vocab_size)`` for token ids ``(batch, seq)``."""
+        x = self.layers(self.embedding(input_ids))
+        logits: Tensor = self.projection(self.final_norm(x))
+        return logits
 
     def loss(self, input_ids: Tensor) -> Tensor:
         """Mean next-token cross-entropy of ``input_ids`` ``(batch, seq + 1)``.
@@ -300,4 +320,3 @@ class TransformerDecoder(nn.Module):
 
     def extra_repr(self) -> str:
         return f"loss_mult={self.loss_mult}" if self.loss_mult != 1 else ""
-

@@ -109,7 +109,7 @@ def _source_steps(source: Any) -> tuple[str, list[_Step]] | None:
         elif isinstance(source, dsrc.AttrSource):
             steps.append(("attr", source.member))
         elif isinstance(source, (dsrc.DictGetItemSource, dsrc.GetItemSource)):
-            if isinstance(source.index, dsrc.Source) or getattr(
+            if isinstance(source.index, dsrc.Source) or getattr(  # type: ignore[attr-defined]
                 source, "index_is_slice", False
             ):
                 return None
@@ -262,7 +262,7 @@ class _TransformedForward:
         self._compiled = torch.compile(
             self._original, backend=self._backend, dynamic=None
         )
-        self._eager_outside_compile = torch._dynamo.disable(
+        self._eager_outside_compile = torch._dynamo.disable(  # type: ignore[no-untyped-call]
             self._eager, reason="unit_scaling transform: capture before replay"
         )
 

@@ -18,7 +18,7 @@ M = TypeVar("M", bound=nn.Module)
 
 def _inductor(gm: GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
     backend = torch._dynamo.lookup_backend("inductor")
-    return backend(gm, list(example_inputs))  # type: ignore[no-any-return]
+    return backend(gm, list(example_inputs))
 
 
 def compile(module: M) -> M:

@@ -221,7 +221,7 @@ class _Recorder:
                 def record_grad(grad: Tensor) -> None:
                     self.bwd[key] = (_statistics(grad), grad.numel())
 
-                value.register_hook(record_grad)
+                value.register_hook(record_grad)  # type: ignore[no-untyped-call]
 
         return observe
 
