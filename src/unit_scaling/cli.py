@@ -12,7 +12,10 @@ __all__ = ["main"]
 
 def _demo(args: argparse.Namespace) -> int:
     config = demo.DemoConfig(
-        steps=args.steps, width=args.width, layers=args.layers, lr=args.lr,
+        steps=args.steps,
+        width=args.width,
+        layers=args.layers,
+        lr=args.lr,
         seed=args.seed,
     )
     demo.run(config)

@@ -65,8 +65,10 @@ def run(config: DemoConfig, progress: bool = True) -> History:
         description="u-μP decoder",
         progress=progress,
     )
-    print(f"u-μP TransformerDecoder: width {config.width}, {config.layers} layers, "
-          f"{config.steps} steps of {config.batch_size}x{config.seq_len} tokens")
+    print(
+        f"u-μP TransformerDecoder: width {config.width}, {config.layers} layers, "
+        f"{config.steps} steps of {config.batch_size}x{config.seq_len} tokens"
+    )
     print("step  validation loss")
     for step, loss in zip(history.eval_steps, history.validation_loss, strict=True):
         print(f"{step:4d}  {loss:.3f}")
