@@ -127,6 +127,8 @@ def rewrite_library_modules(
     module: nn.Module, replacements: dict[type[nn.Module], Callable[..., Any]]
 ) -> None:
     """Swap known hand-written layers (and user-listed classes) in ``module``."""
+    # Instances of one class with the same shapes run the same code: validate once.
+    verdicts: dict[tuple[Any, ...], bool] = {}
     for parent_name, parent in list(module.named_modules()):
         for child_name, child in list(parent.named_children()):
             path = f"{parent_name}.{child_name}" if parent_name else child_name
@@ -145,7 +147,11 @@ def rewrite_library_modules(
                 found = _candidate(child)
                 if found is not None:
                     candidate, shape = found
-                    if _agrees(child, candidate, shape):
+                    key = (type(child), type(candidate), shape,
+                           tuple(p.dtype for p in child.parameters()))
+                    if key not in verdicts:
+                        verdicts[key] = _agrees(child, candidate, shape)
+                    if verdicts[key]:
                         new = candidate
                         logger.info(
                             "replacing module: %s (%s) with %s",
