@@ -81,8 +81,13 @@ def _row(
     label: str, values: dict[str, float], unit: float, target: str
 ) -> tuple[str, ...]:
     plain, ours = values["plain"], values["u-μP"]
-    return (label, f"{plain * unit:.1f}", f"{ours * unit:.1f}", f"{ours / plain:.3f}",
-            target)
+    return (
+        label,
+        f"{plain * unit:.1f}",
+        f"{ours * unit:.1f}",
+        f"{ours / plain:.3f}",
+        target,
+    )
 
 
 if __name__ == "__main__":

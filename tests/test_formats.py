@@ -37,14 +37,14 @@ GENERIC = [
 def eager() -> Iterator[None]:
     """Run quantisation eagerly unless a test asks for ``compiled``."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(formats, "_COMPILE_MIN_NUMEL", 1 << 62)
+        patch.setattr(formats._KERNELS, "min_numel", 1 << 62)
         yield
 
 
 @pytest.fixture
 def compiled(eager: None) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(formats, "_COMPILE_MIN_NUMEL", 1 << 16)
+        patch.setattr(formats._KERNELS, "min_numel", 1 << 16)
         yield
 
 
@@ -499,13 +499,13 @@ def test_compiled_kernels_equal_eager(compiled: None) -> None:
         torch.manual_seed(0)
         fast = fmt.quantise(xd)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(formats, "_COMPILE_MIN_NUMEL", 1 << 62)
+            patch.setattr(formats._KERNELS, "min_numel", 1 << 62)
             torch.manual_seed(0)
             slow = fmt.quantise(xd)
         assert same_bits(fast, slow), fmt
         if fmt.rounding == "nearest":
             assert same_bits(fast, reference_nearest(fmt, xd).to(dtype)), fmt
-    assert formats._compile_error is None
+    assert formats._KERNELS.error is None
 
 
 def test_traced_by_torch_compile() -> None:
@@ -535,12 +535,12 @@ def test_compile_failure_falls_back_to_eager(
 
         return run
 
-    monkeypatch.setattr(formats, "_compiled", broken)
-    monkeypatch.setattr(formats, "_compile_error", None)
+    monkeypatch.setattr(formats._KERNELS, "compiled", broken)
+    monkeypatch.setattr(formats._KERNELS, "error", None)
     x = torch.randn(1 << 16)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         q = FPFormat(4, 3, "nearest").quantise(x)
     assert any("no compiler" in str(w.message) for w in caught)
     assert same_bits(q, reference_nearest(FPFormat(4, 3, "nearest"), x).float())
-    assert formats._compile_error is not None
+    assert formats._KERNELS.error is not None

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, cast
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
+
+from ._kernels import CompiledKernels
 
 __all__ = ["FP8_E4M3", "FP8_E5M2", "FPFormat", "format_to_tuple", "tuple_to_format"]
 
@@ -39,9 +40,9 @@ FormatTuple = tuple[int, int, Rounding, int, bool]
 _ROUNDINGS = ("stochastic", "nearest")
 _SHORT_ROUNDING = {"stochastic": "SR", "nearest": "RN"}
 
-# Below this many elements a compiled call saves nothing over eager execution, and
+# Below 2^16 elements a compiled call saves nothing over eager execution, and
 # compiling for sizes 0 and 1 (which torch.compile specialises) would cost seconds.
-_COMPILE_MIN_NUMEL = 1 << 16
+_KERNELS = CompiledKernels("unit_scaling.formats", min_numel=1 << 16)
 
 
 @dataclass(frozen=True)
@@ -428,14 +429,14 @@ def _quantise(fmt: FPFormat, x: Tensor) -> Tensor:
     # One flat, dense layout: compiled once for all shapes, and no strided slow
     # paths (eager ops on an expanded input run thousands of times slower).
     flat = x.reshape(-1).contiguous()
-    if _should_compile(flat):
+    if _KERNELS.should_compile(flat):
         try:
             # Under no_grad, so grad mode never splits the compiled kernel's cache.
             with torch.no_grad():
                 kernel, args = _kernel(fmt, flat, tensor_params=True)
-                return _compiled(kernel)(flat, *args).view(x.shape)
+                return _KERNELS.compiled(kernel)(flat, *args).view(x.shape)
         except Exception as error:  # e.g. no C++ compiler: run eagerly from now on
-            _stop_compiling(error)
+            _KERNELS.stop_compiling(error)
     kernel, args = _kernel(fmt, flat, tensor_params=False)
     return kernel(flat, *args).view(x.shape)
 
@@ -459,37 +460,6 @@ def _kernel(
         return _round_nearest, (params,)
     seed = torch.randint(0, _WORD + 1, (), dtype=torch.int64, device=x.device)
     return _round_stochastic, (params, seed)
-
-
-_compile_error: str | None = None
-
-
-def _should_compile(flat: Tensor) -> bool:
-    # Fake tensors, tensor subclasses and traces other than dynamo's take the eager
-    # kernel, which they can trace; dynamo traces it into the caller's graph.
-    return (
-        _compile_error is None
-        and flat.numel() >= _COMPILE_MIN_NUMEL
-        and type(flat) is Tensor
-        and flat.device.type in ("cpu", "cuda")
-        and not torch.compiler.is_compiling()
-    )
-
-
-@functools.cache
-def _compiled(kernel: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    return cast(Callable[..., Tensor], torch.compile(kernel, dynamic=True))
-
-
-def _stop_compiling(error: Exception) -> None:
-    global _compile_error
-    _compile_error = f"{type(error).__name__}: {error}"
-    warnings.warn(
-        "unit_scaling.formats: torch.compile failed, so quantisation runs eagerly "
-        f"(correct, but several passes over memory). The error was: {_compile_error}",
-        RuntimeWarning,
-        stacklevel=4,
-    )
 
 
 @functools.lru_cache(maxsize=128)

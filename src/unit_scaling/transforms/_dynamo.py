@@ -26,17 +26,21 @@ import contextlib
 import copy
 import dataclasses
 import inspect
+import itertools
 import logging
 import types
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 import torch._dynamo
 from torch import Tensor, nn
 from torch._dynamo import trace_rules
+from torch._dynamo.utils import counters
 from torch.fx import GraphModule
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +65,19 @@ def opaque_functions(functions: Sequence[Callable[..., Any]]) -> Iterator[None]:
             allowed.remove(fn_id)
 
 
+_CLONES = itertools.count()
+
+
 def _fresh_forward(module: nn.Module) -> Callable[..., Any]:
     """``module.forward`` rebuilt on a private copy of its code object."""
     bound = type(module).forward.__get__(module)
     fn = bound.__func__
-    # replace() builds a new code object: Dynamo's cache for it starts empty.
+    # A new code object starts with an empty Dynamo cache; a unique name also
+    # keeps Dynamo's per-function state (automatic dynamic shapes, keyed by file,
+    # line and name) from leaking between transformed modules.
+    code = fn.__code__.replace(co_name=f"{fn.__code__.co_name}_{next(_CLONES)}")
     clone = types.FunctionType(
-        fn.__code__.replace(),
+        code,
         fn.__globals__,
         fn.__name__,
         fn.__defaults__,
@@ -117,6 +127,17 @@ def _source_steps(source: Any) -> tuple[str, list[_Step]] | None:
         elif not isinstance(source, dsrc.NNModuleSource):
             return None
         source = source.base
+
+
+def _readable_name(root: str, steps: list[_Step], self_name: str = "self") -> str:
+    """``self._modules['h']._modules['0']._parameters['weight']`` -> ``h.0.weight``."""
+    omit = root in (self_name, "kwargs") or root.endswith("self")
+    parts = [] if omit else [root]
+    for kind, key in steps:
+        if kind == "attr" and key in ("_modules", "_parameters", "_buffers"):
+            continue
+        parts.append(str(key) if kind in ("attr", "item") else f"{kind}({key})")
+    return ".".join(parts)
 
 
 def _follow(value: Any, steps: list[_Step]) -> Any:
@@ -259,6 +280,7 @@ class _TransformedForward:
         # The frame Dynamo captures is this function's own, decorators included:
         # bind arguments to its parameters, not those of what it wraps.
         self._signature = inspect.signature(type(module).forward, follow_wrapped=False)
+        self._self_name = next(iter(self._signature.parameters), "self")
         self._compiled = torch.compile(
             self._original, backend=self._backend, dynamic=None
         )
@@ -282,16 +304,17 @@ class _TransformedForward:
         self, gm: GraphModule, example_inputs: Sequence[Any]
     ) -> Callable[..., Any]:
         state = self._state
-        gm = _run_passes(state, gm)
-        replay_inputs: list[tuple[str, list[_Step]]] | None = []
+        sources = []
         for node in gm.graph.find_nodes(op="placeholder"):
             arg = node.meta.get("grapharg")
             steps = _source_steps(arg.source) if arg is not None else None
-            if steps is None:
-                replay_inputs = None
-                break
-            assert replay_inputs is not None
-            replay_inputs.append(steps)
+            if steps is not None:
+                node.meta["source_name"] = _readable_name(*steps, self._self_name)
+            sources.append(steps)
+        replay_inputs = (
+            None if None in sources else cast(list[tuple[str, list[_Step]]], sources)
+        )
+        gm = _run_passes(state, gm)
         capture = _Capture(gm, example_inputs, replay_inputs)
         state.captures.append(capture)
         run = state.executor(gm, example_inputs) if state.executor else gm.forward
@@ -314,11 +337,21 @@ class _TransformedForward:
         state.calls += 1
         key = _signature_key(self._module, args, kwargs)
         state.record_outputs = key not in state.replays
+        breaks_before = Counter(counters["graph_break"])
         try:
-            with opaque_functions(state.non_recurse):
+            # Scales must stay Python numbers in the graph (never 0-d inputs).
+            with (
+                opaque_functions(state.non_recurse),
+                torch._dynamo.config.patch(specialize_float=True),
+            ):
                 output = self._compiled(*args, **kwargs)
+        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as error:
+            raise _untraceable(self._module, error) from error
         finally:
             state.record_outputs = False
+        new_breaks = Counter(counters["graph_break"]) - breaks_before
+        if new_breaks:
+            _warn_graph_breaks(self._module, new_breaks)
         ran = state.graphs_run_in_call
         if not ran:
             raise RuntimeError(
@@ -379,14 +412,63 @@ class _TransformedForward:
 
     # -- entry point --------------------------------------------------------- #
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not torch.compiler.is_compiling():
-            return self._eager(*args, **kwargs)
+        if torch.compiler.is_compiling():
+            replay = self._state.replays.get(_signature_key(self._module, args, kwargs))
+            if replay is None:
+                # No graph captured for these inputs yet: run this call eagerly
+                # (a graph break); the capture it makes is replayed once recompiled.
+                return self._eager_outside_compile(*args, **kwargs)
+            return replay(self._bind(args, kwargs))
+        if _get_current_dispatch_mode() is not None:
+            return self._under_dispatch_mode(args, kwargs)
+        return self._eager(*args, **kwargs)
+
+    def _under_dispatch_mode(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Dynamo does not run under a TorchDispatchMode (FlopCounterMode, memory
+        trackers, ...): replay the captured graph instead."""
         replay = self._state.replays.get(_signature_key(self._module, args, kwargs))
         if replay is None:
-            # No graph captured for these inputs yet: run this call eagerly
-            # (a graph break); the capture it makes is replayed once recompiled.
-            return self._eager_outside_compile(*args, **kwargs)
+            raise RuntimeError(
+                f"{type(self._module).__name__} is transformed by unit_scaling and "
+                "is being called under a TorchDispatchMode, where TorchDynamo "
+                "cannot capture its graph. Call it once with inputs like these "
+                "outside the mode first; later calls under the mode replay that "
+                "capture."
+            )
+        for prepare in self._state.before_call:
+            prepare(args, kwargs)
         return replay(self._bind(args, kwargs))
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+def _untraceable(module: nn.Module, error: Exception) -> RuntimeError:
+    """A readable error for code TorchDynamo could not trace or transform."""
+    detail = _first_line(str(error))
+    return RuntimeError(
+        f"unit_scaling transforms could not trace {type(module).__name__}.forward: "
+        f"{detail}\nThe construct named above cannot be captured as a graph. "
+        "Make it traceable, or substitute it: pass replace={the_function: "
+        "a_traceable_equivalent} (a function, or an nn.Module subclass as key) "
+        "to unit_scale."
+    )
+
+
+def _warn_graph_breaks(module: nn.Module, reasons: Counter[str]) -> None:
+    summary = "; ".join(_first_line(r) for r in reasons)
+    logger.warning(
+        "TorchDynamo split %s.forward at %d graph break(s) (%s). Every subgraph is "
+        "transformed, but code at a break runs untransformed, and a residual add "
+        "whose branch spans a break is treated as a plain add. To avoid a break, "
+        "make that code traceable or pass it in replace=.",
+        type(module).__name__,
+        sum(reasons.values()),
+        summary,
+    )
 
 
 def apply_transform(

@@ -147,8 +147,12 @@ def rewrite_library_modules(
                 found = _candidate(child)
                 if found is not None:
                     candidate, shape = found
-                    key = (type(child), type(candidate), shape,
-                           tuple(p.dtype for p in child.parameters()))
+                    key = (
+                        type(child),
+                        type(candidate),
+                        shape,
+                        tuple(p.dtype for p in child.parameters()),
+                    )
                     if key not in verdicts:
                         verdicts[key] = _agrees(child, candidate, shape)
                     if verdicts[key]:

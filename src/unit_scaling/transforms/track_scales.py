@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import operator
 import re
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
@@ -21,6 +22,8 @@ from torch import Tensor, nn
 from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import Target, map_arg
 
+from .. import functional as U
+from .._kernels import CompiledKernels
 from ..formats import FP8_E4M3, FP8_E5M2
 from ._dynamo import _Capture, apply_transform, transform_state
 from ._graph import example_value
@@ -128,32 +131,67 @@ class Metrics:
 
 
 _N_STATS = 9
+# |x| falls in one of these intervals: 0 | (0, E5M2 flush] | (.., E4M3 flush] |
+# (.., E4M3 max] | (.., E5M2 max] | above; counting them gives all four fractions.
+_BOUNDARIES = (0.0, _E5M2_FLUSH, _E4M3_FLUSH, _E4M3_MAX, _E5M2_MAX)
+_KERNELS = CompiledKernels("unit_scaling.transforms.track_scales")
+
+
+def _fused_statistics(x: Tensor) -> Tensor:
+    """All nine statistics of a flat float32 tensor; compiled to one pass."""
+    a = x.abs()
+    var, mean = torch.var_mean(x)
+    return torch.stack(
+        [
+            a.mean(),
+            mean.abs(),
+            var.sqrt(),
+            a.amax(),
+            a.amin(),
+            (a > _E4M3_MAX).float().mean(),
+            ((a > 0) & (a <= _E4M3_FLUSH)).float().mean(),
+            (a > _E5M2_MAX).float().mean(),
+            ((a > 0) & (a <= _E5M2_FLUSH)).float().mean(),
+        ]
+    )
+
+
+def _eager_statistics(x: Tensor, correction: int = 1) -> Tensor:
+    """:func:`_fused_statistics` in few eager passes (a histogram for the FP8
+    fractions instead of four comparisons)."""
+    a = x.abs()
+    low, high = torch.aminmax(a)
+    var, mean = torch.var_mean(x, correction=correction)
+    boundaries = torch.tensor(_BOUNDARIES, dtype=a.dtype, device=a.device)
+    c = torch.bincount(torch.bucketize(a, boundaries).flatten(), minlength=6)
+    c = c.to(a.dtype) / a.numel()
+    return torch.stack(
+        [
+            a.mean(),
+            mean.abs(),
+            var.sqrt(),
+            high,
+            low,
+            c[4] + c[5],
+            c[1] + c[2],
+            c[5],
+            c[1],
+        ]
+    )
 
 
 @torch.no_grad()
 def _statistics(t: Tensor) -> Tensor:
-    """The nine statistics of ``t`` as one float32 tensor on ``t``'s device."""
-    x = t.detach().float().flatten()
+    """The nine statistics of ``t`` as one float32 tensor on ``t``'s device.
+
+    Empty tensors give zeros; a one-element tensor has standard deviation 0.
+    """
+    x = t.detach().reshape(-1).float()
     if x.numel() == 0:
         return x.new_zeros(_N_STATS)
-    a = x.abs()
-    lo, hi = torch.aminmax(a)
-    n = x.numel()
-    nonzero = a > 0
-    std = x.std() if n > 1 else x.new_zeros(())
-    return torch.stack(
-        [
-            a.mean(),
-            x.mean().abs(),
-            std,
-            hi,
-            lo,
-            (a > _E4M3_MAX).sum() / n,
-            (nonzero & (a <= _E4M3_FLUSH)).sum() / n,
-            (a > _E5M2_MAX).sum() / n,
-            (nonzero & (a <= _E5M2_FLUSH)).sum() / n,
-        ]
-    )
+    if x.numel() == 1:
+        return _eager_statistics(x, correction=0)
+    return _KERNELS.run(_fused_statistics, _eager_statistics, x.contiguous())
 
 
 # Ops whose output holds exactly the input's elements (rearranged).
@@ -185,20 +223,35 @@ _VIEW_FUNCTIONS = {
 }
 
 
-def _same_values_as_input(node: Node) -> Node | None:
-    """The input whose elements ``node`` only rearranges, if it is its only user."""
+def _value_source(node: Node) -> Node | None:
+    """The input whose elements ``node`` holds, rearranged (views, copies and the
+    two outputs of ``U.residual_split``); ``None`` for any other op."""
     is_view = (node.op == "call_method" and node.target in _VIEW_METHODS) or (
         node.op == "call_function" and node.target in _VIEW_FUNCTIONS
     )
+    if node.op == "call_function" and node.target is operator.getitem:
+        parent = node.args[0]
+        is_view = isinstance(parent, Node) and parent.target is U.residual_split
+        node = parent if is_view else node  # type: ignore[assignment]
     if not is_view or not node.args or not isinstance(node.args[0], Node):
         return None
     source = node.args[0]
-    return source if len(source.users) == 1 and _is_float(source) else None
+    return source if _is_float(source) else None
 
 
 def _is_float(node: Node) -> bool:
     value = example_value(node)
     return isinstance(value, Tensor) and value.is_floating_point()
+
+
+@dataclasses.dataclass
+class _TrackedGraph:
+    """A snapshot of one transformed graph and where each node's statistics are."""
+
+    graph: Graph
+    # node name -> name of the node whose recorded statistics describe it
+    fwd_source: dict[str, str]
+    bwd_source: dict[str, str]
 
 
 class _Recorder:
@@ -207,50 +260,58 @@ class _Recorder:
     def __init__(self) -> None:
         self.fwd: dict[tuple[int, str], tuple[Tensor, int]] = {}
         self.bwd: dict[tuple[int, str], tuple[Tensor, int]] = {}
-        self.graphs: dict[int, tuple[Graph, dict[str, str]]] = {}
+        self.graphs: dict[int, _TrackedGraph] = {}
 
-    def observer(self, capture_id: int) -> Callable[[Any, str], None]:
-        def observe(value: Any, name: str) -> None:
+    def observer(self, capture_id: int) -> Callable[[Any, str, bool, bool], None]:
+        def observe(value: Any, name: str, forward: bool, backward: bool) -> None:
             if not (isinstance(value, Tensor) and value.is_floating_point()):
                 return
             key = (capture_id, name)
-            self.fwd[key] = (_statistics(value), value.numel())
-            self.bwd.pop(key, None)
-            if value.requires_grad:
+            if forward:
+                self.fwd[key] = (_statistics(value), value.numel())
+            if backward:
+                self.bwd.pop(key, None)
+                if value.requires_grad:
 
-                def record_grad(grad: Tensor) -> None:
-                    self.bwd[key] = (_statistics(grad), grad.numel())
+                    def record_grad(grad: Tensor) -> None:
+                        self.bwd[key] = (_statistics(grad), grad.numel())
 
-                value.register_hook(record_grad)  # type: ignore[no-untyped-call]
+                    value.register_hook(record_grad)  # type: ignore[no-untyped-call]
 
         return observe
 
 
 def _tracking_pass(recorder: _Recorder) -> Callable[[GraphModule], GraphModule]:
+    """Insert an observer after every floating-point node.
+
+    A node that only rearranges another's elements shares that node's forward
+    statistics; it also shares its gradient's statistics when it is that node's
+    only user (otherwise their gradients differ).
+    """
+
     def run(gm: GraphModule) -> GraphModule:
         capture_id = len(recorder.graphs)
         snapshot = Graph()
-        names: dict[str, str] = {}
-        value_map: dict[Node, Node] = {}
-        snapshot.graph_copy(gm.graph, value_map)
-        for old, new in value_map.items():
-            names[new.name] = old.name
-        shares: dict[str, str] = {}
+        snapshot.output(snapshot.graph_copy(gm.graph, {}))
+        fwd_source: dict[str, str] = {}
+        bwd_source: dict[str, str] = {}
         observe = recorder.observer(capture_id)
         for node in list(gm.graph.nodes):
             if node.op == "output" or not _is_float(node):
                 continue
-            source = _same_values_as_input(node)
+            source = _value_source(node)
+            forward = backward = True
+            fwd_source[node.name] = bwd_source[node.name] = node.name
             if source is not None:
-                shares[node.name] = source.name
-                continue
+                forward = False
+                fwd_source[node.name] = fwd_source.get(source.name, source.name)
+                if len(source.users) == 1:
+                    backward = False
+                    bwd_source[node.name] = bwd_source.get(source.name, source.name)
             logger.info("adding tracking to node: %s", node)
             with gm.graph.inserting_after(node):
-                gm.graph.call_function(observe, (node, node.name))
-        recorder.graphs[capture_id] = (
-            snapshot,
-            {new: shares.get(old, old) for new, old in names.items()},
-        )
+                gm.graph.call_function(observe, (node, node.name, forward, backward))
+        recorder.graphs[capture_id] = _TrackedGraph(snapshot, fwd_source, bwd_source)
         return gm
 
     return run
@@ -282,24 +343,27 @@ def _scales_graph(
     """One graph holding every tracked tensor of the last forward pass."""
     fwd, bwd = _read_statistics(recorder.fwd), _read_statistics(recorder.bwd)
     merged = Graph()
-    outputs = []
+    outputs: list[Any] = []
     for capture in captures:
         capture_id = all_captures.index(capture)
-        snapshot, names = recorder.graphs[capture_id]
+        tracked = recorder.graphs[capture_id]
         value_map: dict[Node, Node] = {}
-        out = merged.graph_copy(snapshot, value_map)
+        out = merged.graph_copy(tracked.graph, value_map)
         outputs.append(out)
         for old, new in value_map.items():
             value = example_value(old)
             is_float = isinstance(value, Tensor) and value.is_floating_point()
-            new.meta["clean_name"] = _clean_name(old.name)
+            new.meta["clean_name"] = old.meta.get("source_name") or _clean_name(
+                old.name
+            )
             new.meta["outputs_float_tensor"] = is_float
             new.meta["requires_grad"] = (
                 isinstance(value, nn.Parameter) and value.requires_grad
             )
-            key = (capture_id, names.get(old.name, old.name))
-            if is_float and key in fwd:
-                new.meta["metrics"] = Metrics(fwd[key], bwd.get(key))
+            fwd_key = (capture_id, tracked.fwd_source.get(old.name, old.name))
+            bwd_key = (capture_id, tracked.bwd_source.get(old.name, old.name))
+            if is_float and fwd_key in fwd:
+                new.meta["metrics"] = Metrics(fwd[fwd_key], bwd.get(bwd_key))
     merged.output(tuple(outputs) if len(outputs) != 1 else outputs[0])
     return merged
 

@@ -59,9 +59,12 @@ _WEIGHTED = {
 _ADD_TARGETS = {operator.add, operator.iadd, torch.add}
 
 # Every unit-scaled function is kept opaque while tracing, so that the F.* calls
-# inside it are not unit-scaled a second time.
+# inside it are not unit-scaled a second time. (residual_apply takes a function,
+# which cannot be a graph argument; Dynamo traces it into its opaque parts.)
 UNIT_SCALED_FUNCTIONS: tuple[Callable[..., Any], ...] = tuple(
-    getattr(U, name) for name in U.__all__ if callable(getattr(U, name))
+    getattr(U, name)
+    for name in U.__all__
+    if callable(getattr(U, name)) and name != "residual_apply"
 )
 
 

@@ -1,0 +1,30 @@
+"""Run every benchmark and print its table: ``python -m benchmarks`` (``make bench``).
+
+Each benchmark measures our code and its plain-PyTorch baseline side by side in
+one process, interleaved, and reports medians and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from . import formats, train_step, transforms
+
+SECTIONS = {
+    "train_step": lambda quick: train_step.run(rounds=10 if quick else 30),
+    "formats": lambda quick: formats.run(),
+    "transforms": lambda quick: transforms.run(rounds=5 if quick else 20),
+}
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "sections",
+        nargs="*",
+        choices=[*SECTIONS, []],
+        help="benchmarks to run (default: all)",
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    args = parser.parse_args()
+    for name in args.sections or list(SECTIONS):
+        print(SECTIONS[name](args.quick), end="\n\n", flush=True)

@@ -1,0 +1,152 @@
+"""Cost of the graph transforms.
+
+1. ``unit_scale`` on a GPT-2-small config (12 layers, width 768, 1x128 tokens):
+   time to first output (transform + capture + first forward; target ≤ 5 s) and
+   steady forward time against the untransformed model (target ≤ 1.05x).
+2. ``simulate_fp8`` training step of the u-μP benchmark decoder against the same
+   step unsimulated (target ≤ 1.3x).
+3. ``track_scales`` forward+backward of that decoder against the untracked one:
+   time (target ≤ 1.5x) and peak memory (target ≤ 1.2x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+import unit_scaling as uu
+from unit_scaling.transforms import simulate_fp8, track_scales, unit_scale
+
+from ._measure import interleaved_medians, peak_memory_bytes, table
+
+HIDDEN, VOCAB, LAYERS, HEADS = 256, 256, 4, 4
+BATCH, SEQ = 8, 128
+
+
+def _gpt2_rows(rounds: int) -> list[tuple[str, ...]]:
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError:  # pragma: no cover - transformers is a dev extra
+        return [("GPT-2 small", "skipped: transformers not installed", "", "", "")]
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=12, n_embd=768, n_head=12, use_cache=False)
+    model = GPT2LMHeadModel(config).eval()
+    ids = torch.randint(config.vocab_size, (1, 128))
+    with torch.no_grad():
+        start = time.perf_counter()
+        transformed = unit_scale(model)
+        transformed(ids)
+        first_output = time.perf_counter() - start
+        times = interleaved_medians(
+            {"plain": lambda: model(ids), "unit_scale": lambda: transformed(ids)},
+            rounds,
+        )
+    return [
+        (
+            "GPT-2 small: unit_scale time to first output (s)",
+            "",
+            f"{first_output:.2f}",
+            "",
+            "≤ 5 s",
+        ),
+        (
+            "GPT-2 small: steady forward (ms)",
+            f"{times['plain'] * 1e3:.1f}",
+            f"{times['unit_scale'] * 1e3:.1f}",
+            f"{times['unit_scale'] / times['plain']:.3f}",
+            "≤ 1.05",
+        ),
+    ]
+
+
+def _decoder_step(
+    model: nn.Module, batch: torch.Tensor, optimizer: torch.optim.Optimizer | None
+) -> Callable[[], None]:
+    loss_fn = model.loss if hasattr(model, "loss") else None
+    assert loss_fn is not None
+
+    def step() -> None:
+        loss_fn(batch).backward()
+        if optimizer is not None:
+            optimizer.step()
+        model.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _decoder_rows(rounds: int) -> list[tuple[str, ...]]:
+    torch.manual_seed(0)
+    batch = torch.randint(VOCAB, (BATCH, SEQ + 1))
+    model = uu.TransformerDecoder(HIDDEN, VOCAB, LAYERS, HEADS)
+    fp8 = simulate_fp8(model)
+    base_opt = uu.optim.AdamW(model.parameters(), lr=1e-3)
+    fp8_opt = uu.optim.AdamW(fp8.parameters(), lr=1e-3)
+    times = interleaved_medians(
+        {
+            "fp32": _decoder_step(model, batch, base_opt),
+            "fp8": _decoder_step(fp8, batch, fp8_opt),
+        },
+        rounds,
+    )
+    rows = [
+        (
+            "decoder: simulate_fp8 training step (ms)",
+            f"{times['fp32'] * 1e3:.1f}",
+            f"{times['fp8'] * 1e3:.1f}",
+            f"{times['fp8'] / times['fp32']:.3f}",
+            "≤ 1.3",
+        )
+    ]
+
+    untracked = copy.deepcopy(model)
+    tracked = track_scales(model)
+    steps = {
+        "untracked": _decoder_step(untracked, batch, None),
+        "tracked": _decoder_step(tracked, batch, None),
+    }
+    times = interleaved_medians(steps, rounds)
+    rows.append(
+        (
+            "decoder: track_scales fwd+bwd (ms)",
+            f"{times['untracked'] * 1e3:.1f}",
+            f"{times['tracked'] * 1e3:.1f}",
+            f"{times['tracked'] / times['untracked']:.3f}",
+            "≤ 1.5",
+        )
+    )
+    memory = {
+        name: peak_memory_bytes(step, steps_model)
+        for (name, step), steps_model in zip(
+            steps.items(), (untracked, tracked), strict=True
+        )
+    }
+    rows.append(
+        (
+            "decoder: track_scales peak memory (MiB)",
+            f"{memory['untracked'] / 2**20:.1f}",
+            f"{memory['tracked'] / 2**20:.1f}",
+            f"{memory['tracked'] / memory['untracked']:.3f}",
+            "≤ 1.2",
+        )
+    )
+    return rows
+
+
+def run(rounds: int = 20) -> str:
+    rows = _gpt2_rows(rounds) + _decoder_rows(rounds)
+    return (
+        f"Transforms ({torch.get_num_threads()} threads, median of {rounds} "
+        "interleaved calls)\n"
+        + table(rows, ("measure", "baseline", "transformed", "ratio", "target"))
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=20)
+    print(run(parser.parse_args().rounds))

@@ -1,0 +1,84 @@
+"""Small kernels compiled into one fused pass over memory, with an eager fallback.
+
+Quantisation (``formats``) and scale statistics (``transforms.track_scales``) are
+each a handful of elementwise ops and reductions over a whole tensor. Eagerly
+that is one pass over memory per op; ``torch.compile`` fuses them into one. A
+kernel is compiled once per input dtype (inputs are flattened and shapes kept
+dynamic), only for tensors large enough to benefit, never while an outer
+``torch.compile`` is tracing (which fuses the eager kernel itself), and if
+compilation ever fails the owner warns once and runs eagerly from then on.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import cast
+
+import torch
+from torch import Tensor
+
+__all__ = ["CompiledKernels"]
+
+
+class CompiledKernels:
+    """Compilation policy and cache for one owner's kernels.
+
+    Args:
+        owner: named in the warning if compilation fails.
+        min_numel: smaller tensors run eagerly (compiling buys nothing there).
+    """
+
+    def __init__(self, owner: str, min_numel: int = 1 << 16) -> None:
+        self.owner = owner
+        self.min_numel = min_numel
+        self.error: str | None = None
+        self._cache: dict[Callable[..., Tensor], Callable[..., Tensor]] = {}
+
+    def should_compile(self, flat: Tensor) -> bool:
+        """Whether ``flat`` should take the compiled kernel."""
+        # Fake tensors, tensor subclasses and traces other than Dynamo's take the
+        # eager kernel, which they can trace; Dynamo traces it into its graph.
+        return (
+            self.error is None
+            and flat.numel() >= self.min_numel
+            and type(flat) is Tensor
+            and flat.device.type in ("cpu", "cuda")
+            and not torch.compiler.is_compiling()
+        )
+
+    def compiled(self, kernel: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        """``kernel`` compiled with dynamic shapes (cached)."""
+        if kernel not in self._cache:
+            self._cache[kernel] = cast(
+                Callable[..., Tensor], torch.compile(kernel, dynamic=True)
+            )
+        return self._cache[kernel]
+
+    def stop_compiling(self, error: Exception) -> None:
+        """Record a compilation failure: warn once, run eagerly from now on."""
+        self.error = f"{type(error).__name__}: {error}"
+        warnings.warn(
+            f"{self.owner}: torch.compile failed, so its kernels run eagerly "
+            f"(correct, but several passes over memory). The error was: {self.error}",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+    def run(
+        self,
+        compiled_kernel: Callable[..., Tensor],
+        eager_kernel: Callable[..., Tensor],
+        flat: Tensor,
+        *args: object,
+    ) -> Tensor:
+        """``compiled_kernel(flat, *args)`` compiled if worthwhile, else
+        ``eager_kernel(flat, *args)``. Runs under ``no_grad`` so that grad mode
+        never splits the compiled kernel's cache."""
+        if self.should_compile(flat):
+            try:
+                with torch.no_grad():
+                    return self.compiled(compiled_kernel)(flat, *args)
+            except Exception as error:  # e.g. no C++ compiler
+                self.stop_compiling(error)
+        return eager_kernel(flat, *args)
