@@ -4,12 +4,16 @@ u-μP chooses each parameter's learning rate from its role (``mup_type``) and th
 depth of the residual stack it lives in (``mup_scaling_depth``). :class:`Parameter`
 is an :class:`torch.nn.Parameter` that carries both tags through ``deepcopy``,
 ``pickle``, ``torch.save``/``torch.load``, ``load_state_dict``, ``.to()`` and
-``torch.compile``.
+``torch.compile``; the unit-scaled modules also re-tag the parameters that
+``nn.Module._apply`` (``to("meta")``, ``to_empty``, swap-mode conversions) and
+``load_state_dict(assign=True)`` replace.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Literal, Protocol, TypeGuard, get_args, runtime_checkable
 
 import torch
@@ -158,6 +162,55 @@ class Parameter(nn.Parameter):
         if self.mup_scaling_depth is not None:
             tags += f", mup_scaling_depth={self.mup_scaling_depth}"
         return f"Parameter({tags}) containing:\n{self.data!r}"
+
+
+def _retag(param: Tensor, mup_type: MupType, mup_scaling_depth: int | None) -> None:
+    """Put u-μP tags back on ``param``, in place, after torch replaced a parameter.
+
+    A plain ``nn.Parameter`` becomes a :class:`Parameter` again by changing its
+    class in place (as ``torch.utils.swap_tensors`` does), so the object that
+    optimizers and FSDP hold stays the same. Any other parameter (a DTensor under
+    FSDP2) keeps its class and gets the tags as attributes, which is all
+    :func:`has_parameter_data` and the optimizers read.
+    """
+    _check_tags(mup_type, mup_scaling_depth)
+    if type(param) is nn.Parameter:
+        param.__class__ = Parameter
+    param.mup_type = mup_type  # type: ignore[attr-defined]
+    param.mup_scaling_depth = mup_scaling_depth  # type: ignore[attr-defined]
+
+
+@contextmanager
+def _own_tags_kept(module: nn.Module) -> Iterator[None]:
+    """Re-tag ``module``'s own parameters that the body replaced by untagged ones."""
+    saved = {
+        name: (p.mup_type, p.mup_scaling_depth)
+        for name, p in module._parameters.items()
+        if has_parameter_data(p)
+    }
+    yield
+    for name, (mup_type, depth) in saved.items():
+        param = module._parameters.get(name)
+        if param is not None and not has_parameter_data(param):
+            _retag(param, mup_type, depth)
+
+
+class _KeepsTags(nn.Module):
+    """Base of the unit-scaled modules that own tagged parameters.
+
+    ``nn.Module._apply`` installs new, untagged parameter objects on
+    ``to("meta")``, ``to_empty``, conversions in swap mode and for DTensor
+    parameters, and so does ``load_state_dict(assign=True)``; this puts each
+    parameter's tags back afterwards (see :func:`_retag`).
+    """
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], *args: Any, **kwargs: Any) -> Any:
+        with _own_tags_kept(self):
+            return super()._apply(fn, *args, **kwargs)  # type: ignore[no-untyped-call]
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        with _own_tags_kept(self):
+            super()._load_from_state_dict(*args, **kwargs)
 
 
 # Let `torch.load(..., weights_only=True)` (the default) rebuild tagged parameters.

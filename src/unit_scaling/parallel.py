@@ -1,0 +1,150 @@
+"""Data-parallel training of unit-scaled, u-μP models with DDP and FSDP2.
+
+Two things need care when a u-μP model trains on several processes.
+
+**Tags.** FSDP2's :func:`torch.distributed.fsdp.fully_shard` replaces every
+parameter by a new DTensor parameter, dropping the ``mup_type`` and
+``mup_scaling_depth`` tags that the u-μP optimizers read. :func:`fully_shard` puts
+them back. DDP and ``torch.compile`` keep the parameter objects, and the unit-scaled
+modules re-tag the parameters that ``to("meta")``/``to_empty`` replace, so the
+usual meta-device recipe (build on ``meta``, shard, ``to_empty``, initialise) keeps
+its tags too. The learning-rate rules read a DTensor's global shape.
+
+**Gradient reduction.** A unit-scaled weight gradient is the sum of per-token
+contributions scaled by ``batch^-½`` (see :func:`unit_scaling.functional.linear`;
+the unit-scaled loss's backward is that of a sum). Split a batch over ``W``
+processes and the gradient of the whole batch is therefore
+
+.. math:: g = \\frac{1}{\\sqrt{W}} \\sum_{r=1}^{W} g_r,
+
+not torch's default mean :math:`\\frac{1}{W}\\sum_r g_r`, which is
+:math:`\\sqrt{W}` times smaller. Adam is blind to a constant gradient scale (up to
+``eps``), but SGD, gradient clipping and low-precision gradients are not.
+:func:`fully_shard` and :func:`allreduce_hook` reduce as above, so a data-parallel
+step computes the gradients a single process computes on the global batch. This
+holds for models unit-scaled end to end, loss included (every ``unit_scaling``
+module and :func:`unit_scaling.functional.cross_entropy`); a parameter of a plain
+torch layer whose gradient is a plain sum would want the plain sum instead.
+
+Example::
+
+    >>> import unit_scaling.parallel
+    >>> for layer in model.layers:
+    ...     uu.parallel.fully_shard(layer)
+    >>> uu.parallel.fully_shard(model)
+    >>> opt = uu.optim.AdamW(model.parameters(), lr=2**-4)
+
+    >>> ddp = DistributedDataParallel(model)
+    >>> ddp.register_comm_hook(None, uu.parallel.allreduce_hook)
+"""
+
+# No `from __future__ import annotations`: DDP checks a hook's annotations against
+# the real classes when it is registered.
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+# `torch.distributed.GradBucket`, imported from where type checkers can see it.
+from torch._C._distributed_c10d import GradBucket
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp import fully_shard as _torch_fully_shard
+
+from .optim import mup_tags
+from .parameter import _retag
+
+__all__ = ["allreduce_hook", "fully_shard"]
+
+
+def _data_parallel_size(mesh: DeviceMesh | None, dp_mesh_dims: Any) -> int:
+    """The number of processes a gradient is reduced over, as torch's FSDP2 sees it."""
+    if mesh is None:
+        return dist.get_world_size()
+    if dp_mesh_dims is None:
+        return mesh.size()  # 1-D: FSDP; 2-D: HSDP, both dimensions data-parallel
+    names = tuple(dp_mesh_dims.shard_names) + tuple(dp_mesh_dims.replicate_names)
+    return math.prod(mesh[name].size() for name in names)
+
+
+def fully_shard(module: nn.Module, **kwargs: Any) -> FSDPModule:
+    r"""FSDP2's :func:`torch.distributed.fsdp.fully_shard`, keeping u-μP intact.
+
+    Shards ``module`` exactly as torch does, then
+
+    * re-attaches each parameter's ``mup_type`` and ``mup_scaling_depth`` to the
+      DTensor parameter that replaced it, so :class:`unit_scaling.optim.AdamW` and
+      friends give every parameter its u-μP learning rate (computed from the
+      global shape);
+    * reduces gradients as :math:`\frac{1}{\sqrt{W}}\sum_r g_r` over the ``W``
+      data-parallel processes (with ``set_gradient_divide_factor(sqrt(W))`` and
+      sum-only collectives), so the gradients equal those of one process on the
+      global batch. ``module.set_gradient_divide_factor(W)`` restores torch's mean.
+
+    Call it like torch's: on each block first, then on the root. Parameters that
+    were already sharded (by an earlier call) keep their tags.
+
+    Args:
+        module: the module to shard.
+        **kwargs: torch's keyword arguments (``mesh``, ``reshard_after_forward``,
+            ``shard_placement_fn``, ``mp_policy``, ...), passed through.
+
+    Returns:
+        ``module``, now an ``FSDPModule``.
+
+    Example::
+
+        >>> for layer in model.layers:
+        ...     fully_shard(layer)
+        >>> fully_shard(model)
+        >>> model.layers[0].mlp.linear_1.weight.mup_type
+        'weight'
+    """
+    tags = mup_tags(module)
+    sharded = _torch_fully_shard(module, **kwargs)
+    params = dict(module.named_parameters())
+    for name, (mup_type, depth) in tags.items():
+        _retag(params[name], mup_type, depth)
+    size = _data_parallel_size(kwargs.get("mesh"), kwargs.get("dp_mesh_dims"))
+    sharded.set_gradient_divide_factor(math.sqrt(size))
+    # With a divide factor torch reduces with PREMUL_SUM, which gloo lacks; a sum
+    # followed by a division works on every backend and touches only the shard.
+    sharded.set_force_sum_reduction_for_comms(True)
+    return sharded
+
+
+def allreduce_hook(
+    process_group: dist.ProcessGroup | None, bucket: GradBucket
+) -> torch.futures.Future[Tensor]:
+    r"""DDP communication hook reducing gradients as ``sum / sqrt(world_size)``.
+
+    .. math:: g = \frac{1}{\sqrt{W}} \sum_{r=1}^{W} g_r
+
+    Use it in place of DDP's default, the mean (:math:`\sqrt{W}` times smaller):
+    the reduced gradients then equal those of one process on the global batch.
+    Dividing before the all-reduce keeps the summed gradient at unit scale, which
+    matters for fp16/bf16 gradients.
+
+    Args:
+        process_group: the group to reduce over; ``None`` for the default group
+            (what ``register_comm_hook(None, allreduce_hook)`` passes).
+        bucket: DDP's bucket of flattened gradients.
+
+    Example::
+
+        >>> ddp = torch.nn.parallel.DistributedDataParallel(model)
+        >>> ddp.register_comm_hook(None, allreduce_hook)
+    """
+    group = process_group if process_group is not None else dist.group.WORLD
+    buffer = bucket.buffer()
+    buffer.div_(math.sqrt(dist.get_world_size(group)))
+    work = dist.all_reduce(buffer, group=group, async_op=True)
+    assert work is not None  # async_op=True always returns a Work
+    reduced: torch.futures.Future[list[Tensor]] = work.get_future()
+    return reduced.then(_first)
+
+
+def _first(future: torch.futures.Future[list[Tensor]]) -> Tensor:
+    return future.value()[0]

@@ -1,0 +1,1 @@
+"""Tests of data-parallel training (DDP, FSDP2), checkpoints and mixed precision."""
