@@ -1,39 +1,57 @@
-"""Command-line interface: ``python -m unit_scaling --help``."""
+"""Command-line interface: ``python -m unit_scaling --help`` (or ``unit-scaling``).
+
+Subcommands:
+
+- ``demo``: standard parametrisation vs u-μP, FP32 vs simulated FP8, on the
+  built-in corpus; writes plots and a report (see :mod:`unit_scaling.demo`).
+- ``report MODEL``: the tensor scales of a model before and after ``unit_scale``
+  (see :mod:`unit_scaling.report`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
-from . import demo
+from . import demo, report
 
 __all__ = ["main"]
 
 
-def _demo(args: argparse.Namespace) -> int:
-    config = demo.DemoConfig(
-        steps=args.steps,
-        width=args.width,
-        layers=args.layers,
-        lr=args.lr,
-        seed=args.seed,
-    )
-    demo.run(config)
-    return 0
+def _demo(args: argparse.Namespace) -> None:
+    demo.run(demo.config_from_args(args))
+
+
+def _report(args: argparse.Namespace) -> None:
+    for path in report.run(args):
+        print(f"wrote {path}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; returns the exit status."""
     parser = argparse.ArgumentParser(
         prog="unit-scaling",
-        description="Unit scaling and u-μP for PyTorch: demo and tools.",
+        description="Unit scaling and u-μP for PyTorch: demo and scale reports.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     demo_parser = commands.add_parser(
-        "demo", help="train a small u-μP decoder on the built-in corpus"
+        "demo",
+        help="train SP and u-μP decoders in FP32 and simulated FP8 on the built-in "
+        "corpus; write plots and a report",
     )
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(handler=_demo)
+    report_parser = commands.add_parser(
+        "report",
+        help="scale plots and a table of a model's tensors before and after unit_scale",
+    )
+    report.add_arguments(report_parser)
+    report_parser.set_defaults(handler=_report)
     args = parser.parse_args(argv)
-    status: int = args.handler(args)
-    return status
+    try:
+        args.handler(args)
+    except ValueError as error:
+        print(f"unit-scaling {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    return 0

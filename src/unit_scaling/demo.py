@@ -1,21 +1,37 @@
-"""The demo: train a small u-μP decoder on the built-in corpus.
+"""The demo: standard parametrisation vs u-μP, each in FP32 and in simulated FP8.
 
-Run with ``python -m unit_scaling demo`` (or ``make demo``).
+``python -m unit_scaling demo`` (or ``make demo``) trains the same small decoder
+four ways on the built-in corpus — same data, seeds and step count — and writes
+a loss-curve plot, a scale plot of the u-μP model and a short report to
+``out/demo/``. FP8 means :func:`unit_scaling.transforms.simulate_fp8`: every
+matrix product takes E4M3 inputs and produces E5M2 gradients, with no loss
+scaling.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
 
 import torch
+from torch import nn
 
 from . import optim
+from .baseline import StandardTransformerDecoder
 from .data import VOCAB_SIZE, Corpus
 from .modules import TransformerDecoder
 from .training import History, train
+from .transforms import simulate_fp8
 
-__all__ = ["DemoConfig", "add_arguments", "run"]
+__all__ = ["VARIANTS", "DemoConfig", "add_arguments", "config_from_args", "run"]
+
+VARIANTS = (("SP", "FP32"), ("SP", "FP8"), ("u-μP", "FP32"), ("u-μP", "FP8"))
+"""(parametrisation, precision) of each run, in order."""
 
 
 @dataclass(frozen=True)
@@ -24,53 +40,270 @@ class DemoConfig:
 
     steps: int = 300
     width: int = 128
-    layers: int = 4
+    layers: int = 2
     heads: int = 4
     batch_size: int = 16
-    seq_len: int = 128
-    lr: float = 2**-3
+    seq_len: int = 64
+    lr_umup: float = 2**-3
+    lr_sp: float = 2**-8
     seed: int = 0
-    eval_every: int = 50
+    eval_every: int = 25
     validation_batches: int = 8
+    out: Path = Path("out/demo")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the demo's options to ``parser``."""
     defaults = DemoConfig()
-    parser.add_argument("--steps", type=int, default=defaults.steps)
-    parser.add_argument("--width", type=int, default=defaults.width)
-    parser.add_argument("--layers", type=int, default=defaults.layers)
-    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=defaults.steps,
+        help="training steps per run (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--width",
+        type=int,
+        default=defaults.width,
+        help="model width (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=defaults.layers,
+        help="transformer layers (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--lr-umup",
+        type=float,
+        default=defaults.lr_umup,
+        help="u-μP AdamW base learning rate (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--lr-sp",
+        type=float,
+        default=defaults.lr_sp,
+        help="standard AdamW learning rate (default: %(default)s)",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=defaults.out,
+        help="output folder (default: %(default)s)",
+    )
 
 
-def run(config: DemoConfig, progress: bool = True) -> History:
-    """Train a u-μP ``TransformerDecoder`` with ``uu.optim.AdamW``; print the losses."""
+def config_from_args(args: argparse.Namespace) -> DemoConfig:
+    """A :class:`DemoConfig` from parsed :func:`add_arguments` options."""
+    config = DemoConfig(
+        steps=args.steps,
+        width=args.width,
+        layers=args.layers,
+        lr_umup=args.lr_umup,
+        lr_sp=args.lr_sp,
+        seed=args.seed,
+        out=args.out,
+    )
+    for name in ("steps", "width", "layers"):
+        if getattr(config, name) < 1:
+            raise ValueError(f"--{name} must be a positive integer")
+    if config.width % config.heads:
+        raise ValueError(
+            f"--width must be a multiple of the number of heads ({config.heads})"
+        )
+    for name in ("lr_umup", "lr_sp"):
+        if not getattr(config, name) > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive")
+    return config
+
+
+def _build(
+    parametrisation: str, precision: str, config: DemoConfig
+) -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(config.seed)
+    model: nn.Module
+    if parametrisation == "u-μP":
+        model = TransformerDecoder(
+            config.width, VOCAB_SIZE, config.layers, config.heads
+        )
+    else:
+        model = StandardTransformerDecoder(
+            config.width, VOCAB_SIZE, config.layers, config.heads
+        )
+    if precision == "FP8":
+        model = simulate_fp8(model)  # a copy: the optimizer must see its weights
+    optimizer: torch.optim.Optimizer
+    if parametrisation == "u-μP":
+        optimizer = optim.AdamW(model.parameters(), lr=config.lr_umup)
+    else:
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=config.lr_sp, weight_decay=0.0
+        )
+    return model, optimizer
+
+
+def run(config: DemoConfig, progress: bool = True) -> dict[str, History]:
+    """Train every variant, print a results table, write plots and a report."""
     corpus = Corpus()
     validation = [
         corpus.get_batch("validation", config.batch_size, config.seq_len, generator=i)
         for i in range(config.validation_batches)
     ]
-    model = TransformerDecoder(config.width, VOCAB_SIZE, config.layers, config.heads)
-    optimizer = optim.AdamW(model.parameters(), lr=config.lr)
-    history = train(
-        model,
-        model.loss,
-        optimizer,
-        corpus.batches("train", config.batch_size, config.seq_len, seed=config.seed),
-        config.steps,
-        validation,
-        eval_every=config.eval_every,
-        description="u-μP decoder",
-        progress=progress,
+    histories: dict[str, History] = {}
+    models: dict[str, nn.Module] = {}
+    for parametrisation, precision in VARIANTS:
+        name = f"{parametrisation} {precision}"
+        model, optimizer = _build(parametrisation, precision, config)
+        loss_fn = cast(Callable[[torch.Tensor], torch.Tensor], model.loss)
+        histories[name] = train(
+            model,
+            loss_fn,
+            optimizer,
+            corpus.batches(
+                "train", config.batch_size, config.seq_len, seed=config.seed
+            ),
+            config.steps,
+            validation,
+            eval_every=config.eval_every,
+            description=f"{name:10s}",
+            progress=progress,
+        )
+        models[name] = model
+    table = _results_table(histories)
+    print(_header(config))
+    print(table)
+    config.out.mkdir(parents=True, exist_ok=True)
+    written = _write_outputs(
+        config, histories, models["u-μP FP32"], validation[0], table
     )
-    print(
-        f"u-μP TransformerDecoder: width {config.width}, {config.layers} layers, "
-        f"{config.steps} steps of {config.batch_size}x{config.seq_len} tokens"
+    for path in written:
+        print(f"wrote {path}")
+    return histories
+
+
+def _header(config: DemoConfig) -> str:
+    return (
+        f"Decoder: width {config.width}, {config.layers} layers, {config.heads} "
+        f"heads; {config.steps} steps of {config.batch_size}x{config.seq_len} "
+        f"byte tokens; AdamW lr {config.lr_sp:g} (SP), {config.lr_umup:g} (u-μP)"
     )
-    print("step  validation loss")
-    for step, loss in zip(history.eval_steps, history.validation_loss, strict=True):
-        print(f"{step:4d}  {loss:.3f}")
-    print(f"throughput: {history.tokens_per_second:,.0f} tokens/s")
-    return history
+
+
+def _results_table(histories: dict[str, History]) -> str:
+    rows = [
+        "| run | final train loss | final validation loss | tokens/s |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for name, h in histories.items():
+        train_loss = _tail_mean(h.train_loss)
+        rows.append(
+            f"| {name} | {train_loss:.3f} | {h.validation_loss[-1]:.3f} | "
+            f"{h.tokens_per_second:,.0f} |"
+        )
+    return "\n".join(rows)
+
+
+def _smooth(values: list[float], window: int = 10) -> list[float]:
+    """Trailing moving average (the per-step training loss is noisy)."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _tail_mean(values: list[float], n: int = 20) -> float:
+    """Mean of the last ``n`` values (the last step alone is noisy)."""
+    tail = values[-n:]
+    return sum(tail) / len(tail) if tail else math.nan
+
+
+def _write_outputs(
+    config: DemoConfig,
+    histories: dict[str, History],
+    umup_model: nn.Module,
+    batch: torch.Tensor,
+    table: str,
+) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from .analysis import visualiser
+    except ImportError:
+        report = config.out / "report.md"
+        report.write_text(_report(config, table, images=False))
+        print('plots skipped: pip install "torch-unit-scaling[plot]" to get them')
+        return [report]
+
+    curves = config.out / "loss_curves.png"
+    fig, ax = plt.subplots(figsize=(8, 5))
+    styles = {"FP32": "-", "FP8": "--"}
+    colours = {"SP": "tab:red", "u-μP": "tab:blue"}
+    for name, h in histories.items():
+        parametrisation, precision = name.split()
+        colour, style = colours[parametrisation], styles[precision]
+        ax.plot(
+            h.steps,
+            _smooth(h.train_loss),
+            style,
+            color=colour,
+            alpha=0.8,
+            linewidth=1.5,
+            label=f"{name} (train, smoothed)",
+        )
+        ax.plot(
+            h.eval_steps,
+            h.validation_loss,
+            "o",
+            color=colour,
+            markerfacecolor="white" if precision == "FP8" else colour,
+            markersize=5,
+        )
+    ax.plot([], [], "o", color="grey", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats per byte)")
+    ax.set_title("Standard parametrisation vs u-μP, FP32 vs simulated FP8")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(curves, dpi=120)
+    plt.close(fig)
+
+    scales = config.out / "umup_scales.png"
+    axes = visualiser(
+        umup_model,
+        batch,
+        title="u-μP decoder after training: tensor scales (forward and backward)",
+    )
+    figure = axes.get_figure(root=True)
+    assert figure is not None
+    figure.savefig(scales, dpi=110, bbox_inches="tight")
+    plt.close(figure)
+
+    report = config.out / "report.md"
+    report.write_text(_report(config, table, images=True))
+    return [curves, scales, report]
+
+
+def _report(config: DemoConfig, table: str, images: bool) -> str:
+    settings = "\n".join(
+        f"- {f.name}: {getattr(config, f.name)}" for f in dataclasses.fields(config)
+    )
+    parts = [
+        "# unit_scaling demo\n",
+        _header(config) + ".\n",
+        "FP8 runs use `simulate_fp8`: E4M3 inputs and E5M2 gradients for every "
+        "matrix product, no loss scaling.\n",
+        table + "\n",
+    ]
+    if images:
+        parts += [
+            "![validation loss](loss_curves.png)\n",
+            "![u-μP tensor scales](umup_scales.png)\n",
+        ]
+    parts += ["## Settings\n", settings + "\n"]
+    return "\n".join(parts)

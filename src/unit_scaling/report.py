@@ -1,0 +1,221 @@
+"""``unit-scaling report``: the tensor scales of a model before and after unit_scale.
+
+A model is named either ``package.module:factory`` (a callable returning an
+``nn.Module``, or a ``(module, batch)`` pair) or ``hf:<family>[:<size>]`` for a
+Hugging Face model built offline from its config with random weights.
+The report is a scale plot for each version, a CSV of every tensor's statistics
+(including the fractions FP8 E4M3/E5M2 would overflow or flush to zero) and a
+markdown summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["HF_FAMILIES", "add_arguments", "load_model", "run"]
+
+
+def _gpt2(size: str) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    shapes: dict[str, dict[str, Any]] = {
+        "tiny": dict(n_layer=2, n_embd=64, n_head=4),
+        "small": dict(n_layer=12, n_embd=768, n_head=12),
+    }
+    shape = shapes[size]
+    model = GPT2LMHeadModel(GPT2Config(**shape, use_cache=False))
+    model.loss_type = "ForCausalLM"  # else transformers logs in forward (a break)
+    return model
+
+
+def _llama(size: str) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shapes: dict[str, dict[str, Any]] = {
+        "tiny": dict(
+            hidden_size=64,
+            intermediate_size=172,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        ),
+        "small": dict(
+            hidden_size=768,
+            intermediate_size=2048,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            num_key_value_heads=4,
+        ),
+    }
+    shape = shapes[size]
+    model = LlamaForCausalLM(LlamaConfig(**shape, vocab_size=32000, use_cache=False))
+    model.loss_type = "ForCausalLM"
+    return model
+
+
+def _bert(size: str) -> nn.Module:
+    from transformers import BertConfig, BertForMaskedLM
+
+    shapes: dict[str, dict[str, Any]] = {
+        "tiny": dict(
+            hidden_size=64,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+        ),
+        "small": dict(
+            hidden_size=768,
+            intermediate_size=3072,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+        ),
+    }
+    shape = shapes[size]
+    model = BertForMaskedLM(BertConfig(**shape))
+    model.loss_type = "ForMaskedLM"
+    return model
+
+
+HF_FAMILIES: dict[str, Callable[[str], nn.Module]] = {
+    "gpt2": _gpt2,
+    "llama": _llama,
+    "bert": _bert,
+}
+"""Hugging Face families ``report`` builds from config (sizes ``tiny``, ``small``)."""
+_SIZES = ("tiny", "small")
+
+
+def load_model(spec: str) -> tuple[nn.Module, Tensor | None]:
+    """The model named by ``spec`` and, if its factory gave one, its batch.
+
+    Raises:
+        ValueError: for a malformed or unknown name, with the accepted forms.
+    """
+    if spec.startswith("hf:"):
+        family, _, size = spec[3:].partition(":")
+        size = size or "tiny"
+        if family not in HF_FAMILIES or size not in _SIZES:
+            raise ValueError(
+                f"unknown Hugging Face model {spec!r}: expected hf:<family>[:<size>] "
+                f"with family in {sorted(HF_FAMILIES)} and size in {list(_SIZES)}"
+            )
+        try:
+            return HF_FAMILIES[family](size), None
+        except ImportError as error:
+            raise ValueError(
+                f"{spec} needs Hugging Face transformers: "
+                'pip install "torch-unit-scaling[hf]"'
+            ) from error
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(
+            f"cannot read model {spec!r}: expected package.module:factory (a "
+            "callable returning an nn.Module or a (module, batch) pair) or "
+            "hf:<family>[:<size>]"
+        )
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except ImportError as error:
+        raise ValueError(f"cannot import module {module_name!r}: {error}") from error
+    except AttributeError as error:
+        raise ValueError(f"module {module_name!r} has no {attr!r}") from error
+    if not callable(factory):
+        raise ValueError(f"{spec} is not callable")
+    made = factory()
+    model, batch = made if isinstance(made, tuple) else (made, None)
+    if not isinstance(model, nn.Module):
+        raise ValueError(
+            f"{spec}() returned {type(model).__name__}; expected an nn.Module or a "
+            "(module, batch) pair"
+        )
+    return model, batch
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the report's options to ``parser``."""
+    parser.add_argument(
+        "model",
+        help="package.module:factory or hf:<family>[:<size>], e.g. hf:gpt2:tiny",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("out/report"),
+        help="output folder (default: %(default)s)",
+    )
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _fraction_in_range(df: Any, low: float = 0.5, high: float = 2.0) -> float:
+    """Share of activations, activation gradients and parameter gradients with
+    RMS in ``[low, high]`` (parameter values and constant tensors left out)."""
+    rms = (df["std"] ** 2 + df["abs_mean"] ** 2) ** 0.5
+    counted = ~((df.direction == "fwd") & df.requires_grad) & (df.numel > 0)
+    return float(((rms >= low) & (rms <= high))[counted].mean())
+
+
+def run(args: argparse.Namespace) -> list[Path]:
+    """Write the report for ``args.model``; return the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd  # type: ignore[import-untyped,unused-ignore]
+
+    from .analysis import example_batch, graph_to_dataframe, plot, scales_graph
+    from .transforms import prune_same_scale_tensors, unit_scale
+
+    torch.manual_seed(args.seed)
+    model, batch = load_model(args.model)
+    if batch is None:
+        batch = example_batch(args.batch_size, args.seq_len, seed=args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    frames = []
+    lines = [
+        f"# Scale report: {args.model}\n",
+        "| version | tensors | RMS in [0.5, 2] | any E4M3 overflow | "
+        "any E5M2 underflow |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for version, candidate in (("before", model), ("after", unit_scale(model))):
+        graph = prune_same_scale_tensors(scales_graph(candidate, batch))
+        df = graph_to_dataframe(graph)
+        df.insert(0, "version", version)
+        frames.append(df)
+        ax = plot(graph, title=f"{args.model}: {version} unit_scale")
+        path = args.out / f"scales_{version}.png"
+        figure = ax.get_figure(root=True)
+        assert figure is not None
+        figure.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(figure)
+        written.append(path)
+        lines.append(
+            f"| {version} | {df.node.nunique()} | {_fraction_in_range(df):.0%} | "
+            f"{(df.e4m3_overflow > 0).mean():.0%} | "
+            f"{(df.e5m2_underflow > 0).mean():.0%} |"
+        )
+    table = pd.concat(frames, ignore_index=True)
+    csv = args.out / "scales.csv"
+    table.to_csv(csv, index=False)
+    lines += [
+        "",
+        "![before](scales_before.png)",
+        "",
+        "![after](scales_after.png)",
+        "",
+        f"Every tensor's statistics: [{csv.name}]({csv.name}).",
+    ]
+    report = args.out / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[1 : lines.index("")]))
+    return [*written, csv, report]
