@@ -31,7 +31,7 @@ import logging
 import types
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import torch
 import torch._dynamo
@@ -90,7 +90,7 @@ def _fresh_forward(module: nn.Module) -> Callable[..., Any]:
 
 
 # --------------------------------------------------------------------------- #
-# Replay: running the captured, rewritten graph without Dynamo at run time.
+# Placeholder names: Dynamo's Source objects, decomposed.
 # --------------------------------------------------------------------------- #
 
 _Step = tuple[str, Any]  # ("attr", name) | ("item", key) | ("size", i) | ...
@@ -99,7 +99,7 @@ _Step = tuple[str, Any]  # ("attr", name) | ("item", key) | ("size", i) | ...
 def _source_steps(source: Any) -> tuple[str, list[_Step]] | None:
     """Decompose a Dynamo ``Source`` into a root local name and access steps.
 
-    Returns ``None`` for sources we cannot replay (globals, closures, ...).
+    Returns ``None`` for sources outside that simple form (globals, closures...).
     """
     from torch._dynamo import source as dsrc
     from torch._dynamo.source import TensorProperty
@@ -110,28 +110,25 @@ def _source_steps(source: Any) -> tuple[str, list[_Step]] | None:
             steps.reverse()
             return source.local_name, steps
         if isinstance(source, dsrc.TensorPropertySource):
-            if source.prop is TensorProperty.SIZE:
-                steps.append(("size", source.idx))
-            elif source.prop is TensorProperty.STRIDE:
-                steps.append(("stride", source.idx))
-            else:
+            if source.prop is not TensorProperty.SIZE:
                 return None
+            steps.append(("size", source.idx))
         elif isinstance(source, dsrc.AttrSource):
             steps.append(("attr", source.member))
         elif isinstance(source, (dsrc.DictGetItemSource, dsrc.GetItemSource)):
-            if isinstance(source.index, dsrc.Source) or getattr(  # type: ignore[attr-defined]
-                source, "index_is_slice", False
-            ):
+            index = source.index
+            sliced = getattr(source, "index_is_slice", False)
+            if isinstance(index, dsrc.Source) or sliced:  # type: ignore[attr-defined]
                 return None
-            steps.append(("item", source.index))
+            steps.append(("item", index))
         elif not isinstance(source, dsrc.NNModuleSource):
             return None
         source = source.base
 
 
-def _readable_name(root: str, steps: list[_Step], self_name: str = "self") -> str:
+def _readable_name(root: str, steps: list[_Step], self_name: str) -> str:
     """``self._modules['h']._modules['0']._parameters['weight']`` -> ``h.0.weight``."""
-    omit = root in (self_name, "kwargs") or root.endswith("self")
+    omit = root in (self_name, "kwargs", "fn") or root.endswith("self")
     parts = [] if omit else [root]
     for kind, key in steps:
         if kind == "attr" and key in ("_modules", "_parameters", "_buffers"):
@@ -140,17 +137,9 @@ def _readable_name(root: str, steps: list[_Step], self_name: str = "self") -> st
     return ".".join(parts)
 
 
-def _follow(value: Any, steps: list[_Step]) -> Any:
-    for kind, key in steps:
-        if kind == "attr":
-            value = getattr(value, key)
-        elif kind == "item":
-            value = value[key]
-        elif kind == "size":
-            value = value.size(key)
-        else:
-            value = value.stride(key)
-    return value
+# --------------------------------------------------------------------------- #
+# Replay: running the captured, rewritten graph without Dynamo at run time.
+# --------------------------------------------------------------------------- #
 
 
 def _signature_key(
@@ -174,30 +163,78 @@ def _signature_key(
     )
 
 
+# Where a replayed graph input comes from: ("module", dotted tensor name) |
+# ("leaf", index into the flattened (args, kwargs)) | ("const", value).
+_InputSpec = tuple[str, Any]
+
+
+def _input_specs(
+    module: nn.Module, call: tuple[Any, ...], example_inputs: Sequence[Any]
+) -> list[_InputSpec] | None:
+    """Match each graph input to the module tensor or call argument it *is*.
+
+    Dynamo passes the real objects as example inputs, so identity tells us where
+    each comes from, whichever frame Dynamo happened to start tracing in. Sizes
+    (dynamic shapes) are constants of a replay, which is keyed by exact shapes.
+    """
+    owners = {
+        id(t): name for name, t in module.named_parameters(remove_duplicate=False)
+    }
+    owners.update(
+        (id(t), name) for name, t in module.named_buffers(remove_duplicate=False)
+    )
+    leaves = {id(x): i for i, x in enumerate(pytree.tree_leaves(call))}
+    specs: list[_InputSpec] = []
+    for value in example_inputs:
+        if isinstance(value, (int, float, bool)):
+            specs.append(("const", value))
+        elif id(value) in owners:
+            specs.append(("module", owners[id(value)]))
+        elif id(value) in leaves:
+            specs.append(("leaf", leaves[id(value)]))
+        else:
+            return None
+    return specs
+
+
+def _module_tensor(module: nn.Module, name: str) -> Any:
+    for part in name.split("."):
+        module = getattr(module, part)
+    return module
+
+
 @dataclasses.dataclass
 class _Replay:
     """A rewritten graph plus how to feed it and rebuild the forward's output."""
 
     graph_module: GraphModule
-    inputs: list[tuple[str, list[_Step]]]
+    inputs: list[_InputSpec]
     output_spec: pytree.TreeSpec
-    # For each output leaf: ("graph", index) | ("const", value) | ("input", i)
+    # For each output leaf: ("graph", index) | ("leaf", index) | ("const", value)
     output_leaves: list[tuple[str, Any]]
 
-    def __call__(self, local_values: dict[str, Any]) -> Any:
+    def __call__(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        leaves = pytree.tree_leaves((args, kwargs))
         flat_inputs = [
-            _follow(local_values[root], steps) for root, steps in self.inputs
+            _module_tensor(module, where)
+            if kind == "module"
+            else leaves[where]
+            if kind == "leaf"
+            else where
+            for kind, where in self.inputs
         ]
         outputs = self.graph_module(*flat_inputs)
-        leaves = []
-        for kind, value in self.output_leaves:
-            if kind == "graph":
-                leaves.append(outputs[value])
-            elif kind == "input":
-                leaves.append(flat_inputs[value])
-            else:
-                leaves.append(value)
-        return pytree.tree_unflatten(leaves, self.output_spec)
+        rebuilt = [
+            outputs[where]
+            if kind == "graph"
+            else leaves[where]
+            if kind == "leaf"
+            else where
+            for kind, where in self.output_leaves
+        ]
+        return pytree.tree_unflatten(rebuilt, self.output_spec)
 
 
 # --------------------------------------------------------------------------- #
@@ -210,9 +247,21 @@ class _Capture:
     """One graph Dynamo handed to our backend, after our passes."""
 
     graph_module: GraphModule
-    example_inputs: Sequence[Any]
-    replay_inputs: list[tuple[str, list[_Step]]] | None
+    replay_inputs: list[_InputSpec] | None
     last_outputs: tuple[Any, ...] | None = None
+
+
+class StatefulPass:
+    """A graph pass holding per-module state (e.g. recorded statistics).
+
+    ``fresh()`` returns a new, empty instance for a copied module.
+    """
+
+    def __call__(self, gm: GraphModule) -> GraphModule:
+        raise NotImplementedError
+
+    def fresh(self) -> StatefulPass:
+        raise NotImplementedError
 
 
 @dataclasses.dataclass
@@ -226,28 +275,53 @@ class TransformState:
     before_call: list[Callable[[tuple[Any, ...], dict[str, Any]], None]] = (
         dataclasses.field(default_factory=list)
     )
+    after_first_call: list[Callable[[TransformState], None]] = dataclasses.field(
+        default_factory=list
+    )
+    # Extra module attributes bound to this state, e.g. track_scales' scales_graph.
+    attributes: dict[str, Callable[[TransformState], Any]] = dataclasses.field(
+        default_factory=dict
+    )
     # Filled at run time:
     captures: list[_Capture] = dataclasses.field(default_factory=list)
     calls: int = 0
+    current_call: tuple[Any, ...] | None = None
     record_outputs: bool = False
     graphs_run_in_call: list[_Capture] = dataclasses.field(default_factory=list)
     replays: dict[tuple[Any, ...], _Replay] = dataclasses.field(default_factory=dict)
 
     def copy_for(self) -> TransformState:
-        """The same transforms, with nothing captured yet."""
+        """The same transforms, with nothing captured (or recorded) yet."""
+        passes = [
+            (name, p.fresh() if isinstance(p, StatefulPass) else p)
+            for name, p in self.passes
+        ]
         return TransformState(
-            list(self.passes),
+            passes,
             self.executor,
             self.executor_name,
             self.non_recurse,
             list(self.before_call),
+            list(self.after_first_call),
+            dict(self.attributes),
         )
+
+    def pass_of(self, kind: type[Any]) -> Any:
+        """The first pass that is an instance of ``kind``, or ``None``."""
+        return next((p for _, p in self.passes if isinstance(p, kind)), None)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> TransformState:
         # A copied module is transformed afresh: graphs are captured again.
         new = self.copy_for()
         memo[id(self)] = new
         return new
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a module transformed by unit_scaling cannot be pickled whole (its "
+            "forward runs through TorchDynamo): save its state_dict() and apply "
+            "the transforms again after loading"
+        )
 
 
 def transform_state(module: nn.Module) -> TransformState | None:
@@ -265,22 +339,38 @@ def _run_passes(state: TransformState, gm: GraphModule) -> GraphModule:
     return gm
 
 
+def _break_reasons() -> Counter[str]:
+    """Dynamo's running counts of graph breaks (and of constructs it skipped)."""
+    return Counter(counters["graph_break"]) + Counter(counters["unimplemented"])
+
+
 class _TransformedForward:
     """The ``forward`` of a transformed module.
 
     Eager calls run through Dynamo with our backend (graph breaks, guards and
     recompilation handled by Dynamo). When an outer ``torch.compile`` traces this
-    forward, the captured graph is replayed instead (see the module docstring).
+    forward, or a TorchDispatchMode is active, the graph captured at an earlier
+    eager call with the same input signature is replayed instead.
+
+    Each instance gets its own subclass with a private copy of ``__call__``'s
+    code, so that an outer ``torch.compile`` caches every transformed module
+    separately (a shared code object would hit Dynamo's recompile limit).
     """
+
+    def __new__(cls, module: nn.Module, state: TransformState) -> _TransformedForward:
+        call = _TransformedForward.__call__
+        code = call.__code__.replace(co_name=f"forward_{next(_CLONES)}")
+        own_call = types.FunctionType(code, call.__globals__, "__call__")
+        subclass = type(cls.__name__, (cls,), {"__call__": own_call})
+        return object.__new__(subclass)
 
     def __init__(self, module: nn.Module, state: TransformState) -> None:
         self._module = module
         self._state = state
         self._original = _fresh_forward(module)
-        # The frame Dynamo captures is this function's own, decorators included:
-        # bind arguments to its parameters, not those of what it wraps.
-        self._signature = inspect.signature(type(module).forward, follow_wrapped=False)
-        self._self_name = next(iter(self._signature.parameters), "self")
+        # The frame Dynamo captures is this function's own, decorators included.
+        signature = inspect.signature(type(module).forward, follow_wrapped=False)
+        self._self_name = next(iter(signature.parameters), "self")
         self._compiled = torch.compile(
             self._original, backend=self._backend, dynamic=None
         )
@@ -294,28 +384,25 @@ class _TransformedForward:
         return _TransformedForward(module, copy.deepcopy(self._state, memo))
 
     def __reduce__(self) -> Any:
-        raise TypeError(
-            "a transformed module cannot be pickled whole (its forward is a "
-            "TorchDynamo function); save its state_dict() instead"
-        )
+        return self._state.__reduce__()
 
     # -- backend: called by Dynamo once per captured (sub)graph -------------- #
     def _backend(
         self, gm: GraphModule, example_inputs: Sequence[Any]
     ) -> Callable[..., Any]:
         state = self._state
-        sources = []
         for node in gm.graph.find_nodes(op="placeholder"):
             arg = node.meta.get("grapharg")
             steps = _source_steps(arg.source) if arg is not None else None
             if steps is not None:
                 node.meta["source_name"] = _readable_name(*steps, self._self_name)
-            sources.append(steps)
         replay_inputs = (
-            None if None in sources else cast(list[tuple[str, list[_Step]]], sources)
+            _input_specs(self._module, state.current_call, example_inputs)
+            if state.current_call is not None
+            else None
         )
         gm = _run_passes(state, gm)
-        capture = _Capture(gm, example_inputs, replay_inputs)
+        capture = _Capture(gm, replay_inputs)
         state.captures.append(capture)
         run = state.executor(gm, example_inputs) if state.executor else gm.forward
 
@@ -337,7 +424,8 @@ class _TransformedForward:
         state.calls += 1
         key = _signature_key(self._module, args, kwargs)
         state.record_outputs = key not in state.replays
-        breaks_before = Counter(counters["graph_break"])
+        state.current_call = (args, kwargs)
+        reasons_before = _break_reasons()
         try:
             # Scales must stay Python numbers in the graph (never 0-d inputs).
             with (
@@ -346,20 +434,21 @@ class _TransformedForward:
             ):
                 output = self._compiled(*args, **kwargs)
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as error:
-            raise _untraceable(self._module, error) from error
+            raise _untraceable(self._module, str(error)) from error
         finally:
             state.record_outputs = False
-        new_breaks = Counter(counters["graph_break"]) - breaks_before
-        if new_breaks:
-            _warn_graph_breaks(self._module, new_breaks)
+            state.current_call = None
+        reasons = _break_reasons() - reasons_before
         ran = state.graphs_run_in_call
         if not ran:
-            raise RuntimeError(
-                f"{type(self._module).__name__}.forward ran without its transformed "
-                "graph: TorchDynamo fell back to eager (for example after "
-                "torch._dynamo.config.recompile_limit recompilations). Raise that "
-                "limit, or check the logs with TORCH_LOGS=recompiles."
+            detail = "; ".join(_first_line(r) for r in reasons) or (
+                "TorchDynamo ran it eagerly, e.g. after "
+                "torch._dynamo.config.recompile_limit recompilations "
+                "(see TORCH_LOGS=recompiles)"
             )
+            raise _untraceable(self._module, detail)
+        if len(ran) > 1 or reasons:
+            _warn_graph_breaks(self._module, len(ran), reasons)
         if key not in state.replays and len(ran) == 1:
             try:
                 self._record_replay(key, args, kwargs, output, ran[0])
@@ -367,6 +456,9 @@ class _TransformedForward:
                 logger.info("cannot prepare replay under torch.compile: %r", error)
         for capture in ran:
             capture.last_outputs = None
+        if state.calls == 1:
+            for check in state.after_first_call:
+                check(state)
         return output
 
     def _record_replay(
@@ -378,20 +470,17 @@ class _TransformedForward:
         capture: _Capture,
     ) -> None:
         """Remember how to replay ``capture`` for calls with this signature."""
-        state = self._state
         if capture.replay_inputs is None or capture.last_outputs is None:
             return
-        local_values = self._bind(args, kwargs)
-        flat_inputs = [_follow(local_values[r], s) for r, s in capture.replay_inputs]
         by_id_out = {id(t): i for i, t in enumerate(capture.last_outputs)}
-        by_id_in = {id(t): i for i, t in enumerate(flat_inputs)}
+        by_id_in = {id(x): i for i, x in enumerate(pytree.tree_leaves((args, kwargs)))}
         leaves, spec = pytree.tree_flatten(output)
         mapped: list[tuple[str, Any]] = []
         for leaf in leaves:
-            if id(leaf) in by_id_out and isinstance(leaf, Tensor):
+            if isinstance(leaf, Tensor) and id(leaf) in by_id_out:
                 mapped.append(("graph", by_id_out[id(leaf)]))
-            elif id(leaf) in by_id_in and isinstance(leaf, Tensor):
-                mapped.append(("input", by_id_in[id(leaf)]))
+            elif isinstance(leaf, Tensor) and id(leaf) in by_id_in:
+                mapped.append(("leaf", by_id_in[id(leaf)]))
             elif isinstance(leaf, (int, float, bool, str, type(None))):
                 mapped.append(("const", leaf))
             else:
@@ -401,14 +490,9 @@ class _TransformedForward:
                     type(leaf).__name__,
                 )
                 return
-        state.replays[key] = _Replay(
+        self._state.replays[key] = _Replay(
             capture.graph_module, capture.replay_inputs, spec, mapped
         )
-
-    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        bound = self._signature.bind(self._module, *args, **kwargs)
-        bound.apply_defaults()
-        return dict(bound.arguments)
 
     # -- entry point --------------------------------------------------------- #
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -418,7 +502,7 @@ class _TransformedForward:
                 # No graph captured for these inputs yet: run this call eagerly
                 # (a graph break); the capture it makes is replayed once recompiled.
                 return self._eager_outside_compile(*args, **kwargs)
-            return replay(self._bind(args, kwargs))
+            return replay(self._module, args, kwargs)
         if _get_current_dispatch_mode() is not None:
             return self._under_dispatch_mode(args, kwargs)
         return self._eager(*args, **kwargs)
@@ -439,34 +523,33 @@ class _TransformedForward:
             )
         for prepare in self._state.before_call:
             prepare(args, kwargs)
-        return replay(self._bind(args, kwargs))
+        return replay(self._module, args, kwargs)
 
 
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
 
 
-def _untraceable(module: nn.Module, error: Exception) -> RuntimeError:
+def _untraceable(module: nn.Module, detail: str) -> RuntimeError:
     """A readable error for code TorchDynamo could not trace or transform."""
-    detail = _first_line(str(error))
     return RuntimeError(
         f"unit_scaling transforms could not trace {type(module).__name__}.forward: "
-        f"{detail}\nThe construct named above cannot be captured as a graph. "
-        "Make it traceable, or substitute it: pass replace={the_function: "
+        f"{_first_line(detail)}\nThe construct named above cannot be captured as a "
+        "graph. Make it traceable, or substitute it: pass replace={the_function: "
         "a_traceable_equivalent} (a function, or an nn.Module subclass as key) "
         "to unit_scale."
     )
 
 
-def _warn_graph_breaks(module: nn.Module, reasons: Counter[str]) -> None:
-    summary = "; ".join(_first_line(r) for r in reasons)
+def _warn_graph_breaks(module: nn.Module, graphs: int, reasons: Counter[str]) -> None:
+    summary = "; ".join(_first_line(r) for r in reasons) or "reasons not reported"
     logger.warning(
-        "TorchDynamo split %s.forward at %d graph break(s) (%s). Every subgraph is "
-        "transformed, but code at a break runs untransformed, and a residual add "
-        "whose branch spans a break is treated as a plain add. To avoid a break, "
-        "make that code traceable or pass it in replace=.",
+        "TorchDynamo broke the graph of %s.forward (%d graph(s) ran; %s). Every "
+        "graph is transformed, but code at a break runs untransformed, and a "
+        "residual add whose branch spans a break is treated as a plain add. To "
+        "avoid a break, make that code traceable or pass it in replace=.",
         type(module).__name__,
-        sum(reasons.values()),
+        graphs,
         summary,
     )
 
@@ -500,19 +583,29 @@ def apply_transform(
         state.executor = executor
         state.executor_name = executor_name or name
     state.non_recurse = tuple(dict.fromkeys((*state.non_recurse, *non_recurse)))
-    copied = _copy_untransformed(module)
+    copied = _copy_untransformed(module, previous)
     object.__setattr__(copied, _STATE_ATTR, state)
     object.__setattr__(copied, "forward", _TransformedForward(copied, state))
+    for attribute, factory in state.attributes.items():
+        object.__setattr__(copied, attribute, factory(state))
     return copied
 
 
-def _copy_untransformed(module: M) -> M:
+def bind_attribute(
+    module: nn.Module, name: str, factory: Callable[[TransformState], Any]
+) -> None:
+    """Give a transformed module an attribute built from its state (and rebuilt
+    for every transformed copy)."""
+    state = transform_state(module)
+    assert state is not None
+    state.attributes[name] = factory
+    object.__setattr__(module, name, factory(state))
+
+
+def _copy_untransformed(module: M, state: TransformState | None) -> M:
     """A deep copy of ``module`` without any transform wrapper."""
-    saved = {
-        k: module.__dict__.pop(k)
-        for k in (_STATE_ATTR, "forward")
-        if k in module.__dict__
-    }
+    names = (_STATE_ATTR, "forward", *(state.attributes if state else ()))
+    saved = {k: module.__dict__.pop(k) for k in names if k in module.__dict__}
     try:
         return copy.deepcopy(module)
     finally:

@@ -13,6 +13,7 @@ random input and skipped (with a log line) if the two disagree.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +57,127 @@ class TransposedLinear(nn.Module):
         return F.linear(input, self.weight.t(), self.bias)
 
 
+def _additive(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """A boolean "masked out" mask (nn.MultiheadAttention's convention) as
+    additive ``-inf``; float masks are already additive."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+        mask, float("-inf")
+    )
+
+
+class AttentionFunctions(nn.Module):
+    """:class:`torch.nn.MultiheadAttention` written with ``F.linear`` and
+    ``F.scaled_dot_product_attention`` on the same parameters.
+
+    TorchDynamo records ``nn.MultiheadAttention`` as one opaque call, which unit
+    scaling cannot see into; this module computes the same function with the ops
+    it recognises. Attention weights (``need_weights=True``) are computed
+    separately and returned unscaled, as torch's layer does.
+    """
+
+    # nn.TransformerEncoderLayer/TransformerEncoder read this to decide on their
+    # fused fast path, which would bypass this module: keep them off it.
+    _qkv_same_embed_dim = False
+
+    def __init__(self, mha: nn.MultiheadAttention) -> None:
+        super().__init__()
+        self.embed_dim, self.num_heads = mha.embed_dim, mha.num_heads
+        self.dropout, self.batch_first = mha.dropout, mha.batch_first
+        self.packed = mha._qkv_same_embed_dim
+        self.in_proj_weight = mha.in_proj_weight
+        self.q_proj_weight = mha.q_proj_weight
+        self.k_proj_weight = mha.k_proj_weight
+        self.v_proj_weight = mha.v_proj_weight
+        self.in_proj_bias = mha.in_proj_bias
+        self.out_proj = mha.out_proj
+
+    def _project(
+        self, query: Tensor, key: Tensor, value: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        biases = (
+            self.in_proj_bias.chunk(3)
+            if self.in_proj_bias is not None
+            else (None, None, None)
+        )
+        if self.packed and query is key and key is value:
+            qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
+            q, k, v = qkv.chunk(3, dim=-1)
+            return q, k, v
+        if self.packed:
+            weights = self.in_proj_weight.chunk(3)
+        else:
+            weights = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
+        q, k, v = (
+            F.linear(x, w, b)
+            for x, w, b in zip((query, key, value), weights, biases, strict=True)
+        )
+        return q, k, v
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        if not self.batch_first:
+            query, key, value = (x.transpose(0, 1) for x in (query, key, value))
+        batch, target, _ = query.shape
+        source = key.shape[1]
+        heads, head_dim = self.num_heads, self.embed_dim // self.num_heads
+        q, k, v = (
+            x.reshape(batch, -1, heads, head_dim).transpose(1, 2)
+            for x in self._project(query, key, value)
+        )
+        mask = _additive(attn_mask, q.dtype)
+        if mask is not None:
+            mask = (
+                mask.view(batch, heads, target, source)
+                if mask.dim() == 3
+                else (mask.view(1, 1, target, source))
+            )
+        padding = _additive(key_padding_mask, q.dtype)
+        if padding is not None:
+            padding = padding.view(batch, 1, 1, source)
+            mask = padding if mask is None else mask + padding
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal and mask is None,
+        )
+        out = self.out_proj(out.transpose(1, 2).reshape(batch, target, self.embed_dim))
+        if not self.batch_first:
+            out = out.transpose(0, 1)
+        weights = None
+        if need_weights:
+            weights = attention_weights(q, k, mask, is_causal and mask is None)
+            weights = weights.mean(dim=1) if average_attn_weights else weights
+        return out, weights
+
+
+def attention_weights(
+    q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool
+) -> Tensor:
+    """Softmax attention probabilities (kept opaque while tracing)."""
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    if is_causal:
+        causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device)
+        scores = scores.masked_fill(~causal.tril(), float("-inf"))
+    if mask is not None:
+        scores = scores + mask
+    weights: Tensor = scores.softmax(dim=-1)
+    return weights
+
+
 class CallReplacement(nn.Module):
     """A module whose forward calls a user-supplied replacement function.
 
@@ -71,6 +193,17 @@ class CallReplacement(nn.Module):
         return self.fn(*args, **kwargs)
 
 
+def _attention_probe(module: nn.Module) -> Tensor:
+    assert isinstance(module, (nn.MultiheadAttention, AttentionFunctions))
+    gen = torch.Generator().manual_seed(0)
+    shape = (2, 5, module.embed_dim) if module.batch_first else (5, 2, module.embed_dim)
+    x = torch.randn(shape, generator=gen)
+    padding = torch.zeros(2, 5, dtype=torch.bool)
+    padding[0, -1] = True
+    out: Tensor = module(x, x, x, key_padding_mask=padding, need_weights=False)[0]
+    return out
+
+
 _GELU_CLASSES = {
     "NewGELUActivation",
     "FastGELUActivation",
@@ -80,9 +213,13 @@ _GELU_CLASSES = {
 }
 
 
-def _candidate(module: nn.Module) -> tuple[nn.Module, tuple[int, ...]] | None:
-    """A replacement for ``module`` and an input shape to validate it on."""
+def _candidate(module: nn.Module) -> tuple[nn.Module, Any] | None:
+    """A replacement for ``module`` and how to validate it: an input shape, or a
+    function that runs a module on a fixed random input."""
     name = type(module).__name__
+    if isinstance(module, nn.MultiheadAttention):
+        supported = module.bias_k is None and not module.add_zero_attn
+        return (AttentionFunctions(module), _attention_probe) if supported else None
     if name in _GELU_CLASSES:
         return TanhGELU(), (4, 16)
     weight = getattr(module, "weight", None)
@@ -100,22 +237,35 @@ def _candidate(module: nn.Module) -> tuple[nn.Module, tuple[int, ...]] | None:
     return None
 
 
-def _agrees(
-    original: nn.Module, replacement: nn.Module, shape: tuple[int, ...]
-) -> bool:
+def _agrees(original: nn.Module, replacement: nn.Module, probe: Any) -> bool:
+    """Whether both compute the same on a random input (in eval mode: no dropout).
+
+    ``probe`` is an input shape, or a function running a module on a fixed input.
+    """
     reference = next(original.parameters(), None)
     dtype = reference.dtype if reference is not None else torch.float32
     device = reference.device if reference is not None else None
     if device is not None and device.type == "meta":
         return False
-    x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(
-        dtype=dtype, device=device
-    )
-    with torch.no_grad():
-        try:
-            expected, actual = original(x), replacement(x)
-        except Exception:  # a layer with a different calling convention
-            return False
+    if not callable(probe):
+        x = torch.randn(probe, generator=torch.Generator().manual_seed(0)).to(
+            dtype=dtype, device=device
+        )
+
+        def probe(module: nn.Module) -> Any:
+            return module(x)
+
+    modes = {m: m.training for m in (*original.modules(), *replacement.modules())}
+    original.eval()
+    replacement.eval()
+    try:
+        with torch.no_grad():
+            expected, actual = probe(original), probe(replacement)
+    except Exception:  # a layer with a different calling convention
+        return False
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
     return (
         isinstance(expected, Tensor)
         and expected.shape == actual.shape
@@ -123,10 +273,37 @@ def _agrees(
     )
 
 
+# Library functions kept whole while tracing: they are exact transformations
+# (rotary embeddings rotate q and k, keeping their scale), and unit-scaling the
+# elementwise ops inside them would change what they compute.
+_OPAQUE_FUNCTION_NAMES = ("apply_rotary_pos_emb",)
+
+
+def opaque_rewrite_functions() -> tuple[Callable[..., Any], ...]:
+    """Functions of our rewrites that must stay whole while tracing."""
+    return (attention_weights,)
+
+
+def opaque_library_functions(module: nn.Module) -> tuple[Callable[..., Any], ...]:
+    """Known library functions defined next to ``module``'s submodule classes."""
+    found: dict[int, Callable[..., Any]] = {}
+    for sub in module.modules():
+        defining = sys.modules.get(type(sub).__module__)
+        for name in _OPAQUE_FUNCTION_NAMES:
+            fn = getattr(defining, name, None)
+            if callable(fn):
+                found[id(fn)] = fn
+    return tuple(found.values())
+
+
 def rewrite_library_modules(
     module: nn.Module, replacements: dict[type[nn.Module], Callable[..., Any]]
-) -> None:
-    """Swap known hand-written layers (and user-listed classes) in ``module``."""
+) -> set[type[nn.Module]]:
+    """Swap known hand-written layers (and user-listed classes) in ``module``.
+
+    Returns the user-listed classes that matched a submodule.
+    """
+    matched: set[type[nn.Module]] = set()
     # Instances of one class with the same shapes run the same code: validate once.
     verdicts: dict[tuple[Any, ...], bool] = {}
     for parent_name, parent in list(module.named_modules()):
@@ -135,6 +312,7 @@ def rewrite_library_modules(
             new: nn.Module | None = None
             for cls, fn in replacements.items():
                 if isinstance(child, cls):
+                    matched.add(cls)
                     new = CallReplacement(child, fn)
                     logger.info(
                         "replacing module: %s (%s) with %s",
@@ -146,15 +324,15 @@ def rewrite_library_modules(
             else:
                 found = _candidate(child)
                 if found is not None:
-                    candidate, shape = found
+                    candidate, probe = found
                     key = (
                         type(child),
                         type(candidate),
-                        shape,
-                        tuple(p.dtype for p in child.parameters()),
+                        probe,
+                        tuple((p.dtype, p.shape) for p in child.parameters()),
                     )
                     if key not in verdicts:
-                        verdicts[key] = _agrees(child, candidate, shape)
+                        verdicts[key] = _agrees(child, candidate, probe)
                     if verdicts[key]:
                         new = candidate
                         logger.info(
@@ -172,3 +350,4 @@ def rewrite_library_modules(
                         )
             if new is not None:
                 setattr(parent, child_name, new)
+    return matched

@@ -9,11 +9,13 @@ holds no activation longer than the untracked model does.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
 import operator
 import re
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
 
@@ -25,7 +27,14 @@ from torch.fx.node import Target, map_arg
 from .. import functional as U
 from .._kernels import CompiledKernels
 from ..formats import FP8_E4M3, FP8_E5M2
-from ._dynamo import _Capture, apply_transform, transform_state
+from ._dynamo import (
+    StatefulPass,
+    TransformState,
+    _Capture,
+    apply_transform,
+    bind_attribute,
+    transform_state,
+)
 from ._graph import example_value
 from .unit_scale import UNIT_SCALED_FUNCTIONS, _order_transforms
 
@@ -131,51 +140,37 @@ class Metrics:
 
 
 _N_STATS = 9
-# |x| falls in one of these intervals: 0 | (0, E5M2 flush] | (.., E4M3 flush] |
-# (.., E4M3 max] | (.., E5M2 max] | above; counting them gives all four fractions.
-_BOUNDARIES = (0.0, _E5M2_FLUSH, _E4M3_FLUSH, _E4M3_MAX, _E5M2_MAX)
 _KERNELS = CompiledKernels("unit_scaling.transforms.track_scales")
 
 
-def _fused_statistics(x: Tensor) -> Tensor:
-    """All nine statistics of a flat float32 tensor; compiled to one pass."""
+def _statistics_kernel(x: Tensor, correction: int = 1) -> Tensor:
+    """All nine statistics of a flat float32 tensor (compiled: one fused kernel).
+
+    Means and the standard deviation are over the finite elements, so that a
+    mask holding ``-inf`` still reports the scale of its finite part; the
+    maximum shows infinities, and they count as FP8 overflow. NaN is ignored.
+    """
+    finite = torch.isfinite(x)
+    count = finite.sum()
+    values = torch.where(finite, x, 0.0)
+    mean = values.sum() / count.clamp_min(1)
+    deviation = torch.where(finite, x - mean, 0.0)
+    var = deviation.square().sum() / (count - correction).clamp_min(1)
     a = x.abs()
-    var, mean = torch.var_mean(x)
+    is_nan = torch.isnan(x)
+    nonzero = a > 0
+    n = x.numel()
     return torch.stack(
         [
-            a.mean(),
+            values.abs().sum() / count.clamp_min(1),
             mean.abs(),
             var.sqrt(),
-            a.amax(),
-            a.amin(),
-            (a > _E4M3_MAX).float().mean(),
-            ((a > 0) & (a <= _E4M3_FLUSH)).float().mean(),
-            (a > _E5M2_MAX).float().mean(),
-            ((a > 0) & (a <= _E5M2_FLUSH)).float().mean(),
-        ]
-    )
-
-
-def _eager_statistics(x: Tensor, correction: int = 1) -> Tensor:
-    """:func:`_fused_statistics` in few eager passes (a histogram for the FP8
-    fractions instead of four comparisons)."""
-    a = x.abs()
-    low, high = torch.aminmax(a)
-    var, mean = torch.var_mean(x, correction=correction)
-    boundaries = torch.tensor(_BOUNDARIES, dtype=a.dtype, device=a.device)
-    c = torch.bincount(torch.bucketize(a, boundaries).flatten(), minlength=6)
-    c = c.to(a.dtype) / a.numel()
-    return torch.stack(
-        [
-            a.mean(),
-            mean.abs(),
-            var.sqrt(),
-            high,
-            low,
-            c[4] + c[5],
-            c[1] + c[2],
-            c[5],
-            c[1],
+            torch.where(is_nan, 0.0, a).amax(),
+            torch.where(is_nan, torch.inf, a).amin(),
+            (a > _E4M3_MAX).sum() / n,
+            (nonzero & (a <= _E4M3_FLUSH)).sum() / n,
+            (a > _E5M2_MAX).sum() / n,
+            (nonzero & (a <= _E5M2_FLUSH)).sum() / n,
         ]
     )
 
@@ -190,8 +185,8 @@ def _statistics(t: Tensor) -> Tensor:
     if x.numel() == 0:
         return x.new_zeros(_N_STATS)
     if x.numel() == 1:
-        return _eager_statistics(x, correction=0)
-    return _KERNELS.run(_fused_statistics, _eager_statistics, x.contiguous())
+        return _statistics_kernel(x, correction=0)
+    return _KERNELS.run(_statistics_kernel, _statistics_kernel, x.contiguous())
 
 
 # Ops whose output holds exactly the input's elements (rearranged).
@@ -254,48 +249,56 @@ class _TrackedGraph:
     bwd_source: dict[str, str]
 
 
-class _Recorder:
-    """Per-module store of on-device statistics, filled while the model runs."""
-
-    def __init__(self) -> None:
-        self.fwd: dict[tuple[int, str], tuple[Tensor, int]] = {}
-        self.bwd: dict[tuple[int, str], tuple[Tensor, int]] = {}
-        self.graphs: dict[int, _TrackedGraph] = {}
-
-    def observer(self, capture_id: int) -> Callable[[Any, str, bool, bool], None]:
-        def observe(value: Any, name: str, forward: bool, backward: bool) -> None:
-            if not (isinstance(value, Tensor) and value.is_floating_point()):
-                return
-            key = (capture_id, name)
-            if forward:
-                self.fwd[key] = (_statistics(value), value.numel())
-            if backward:
-                self.bwd.pop(key, None)
-                if value.requires_grad:
-
-                    def record_grad(grad: Tensor) -> None:
-                        self.bwd[key] = (_statistics(grad), grad.numel())
-
-                    value.register_hook(record_grad)  # type: ignore[no-untyped-call]
-
-        return observe
-
-
-def _tracking_pass(recorder: _Recorder) -> Callable[[GraphModule], GraphModule]:
-    """Insert an observer after every floating-point node.
+class _TrackingPass(StatefulPass):
+    """Inserts an observer after every floating-point node, and keeps what the
+    observers record: on-device statistics per node, for forward and backward.
 
     A node that only rearranges another's elements shares that node's forward
     statistics; it also shares its gradient's statistics when it is that node's
     only user (otherwise their gradients differ).
     """
 
-    def run(gm: GraphModule) -> GraphModule:
-        capture_id = len(recorder.graphs)
+    def __init__(self) -> None:
+        self.fwd: dict[tuple[int, str], tuple[Tensor, int]] = {}
+        self.bwd: dict[tuple[int, str], tuple[Tensor, int]] = {}
+        self.graphs: dict[int, _TrackedGraph] = {}
+        # Leaf tensors (parameters) outlive a step: hook each one only once.
+        self._hooked: dict[tuple[int, str], weakref.ref[Tensor]] = {}
+
+    def fresh(self) -> _TrackingPass:
+        return _TrackingPass()
+
+    def _observer(self, capture_id: int) -> Callable[[Any, str, bool, bool], None]:
+        def observe(value: Any, name: str, forward: bool, backward: bool) -> None:
+            if not (isinstance(value, Tensor) and value.is_floating_point()):
+                return
+            key = (capture_id, name)
+            if forward:
+                self.fwd[key] = (_statistics(value), value.numel())
+            if backward and value.requires_grad:
+                self._hook(key, value)
+
+        return observe
+
+    def _hook(self, key: tuple[int, str], value: Tensor) -> None:
+        if value.is_leaf:
+            hooked = self._hooked.get(key)
+            if hooked is not None and hooked() is value:
+                return
+            self._hooked[key] = weakref.ref(value)
+
+        def record_grad(grad: Tensor) -> None:
+            self.bwd[key] = (_statistics(grad), grad.numel())
+
+        value.register_hook(record_grad)  # type: ignore[no-untyped-call]
+
+    def __call__(self, gm: GraphModule) -> GraphModule:
+        capture_id = len(self.graphs)
         snapshot = Graph()
         snapshot.output(snapshot.graph_copy(gm.graph, {}))
         fwd_source: dict[str, str] = {}
         bwd_source: dict[str, str] = {}
-        observe = recorder.observer(capture_id)
+        observe = self._observer(capture_id)
         for node in list(gm.graph.nodes):
             if node.op == "output" or not _is_float(node):
                 continue
@@ -311,10 +314,8 @@ def _tracking_pass(recorder: _Recorder) -> Callable[[GraphModule], GraphModule]:
             logger.info("adding tracking to node: %s", node)
             with gm.graph.inserting_after(node):
                 gm.graph.call_function(observe, (node, node.name, forward, backward))
-        recorder.graphs[capture_id] = _TrackedGraph(snapshot, fwd_source, bwd_source)
+        self.graphs[capture_id] = _TrackedGraph(snapshot, fwd_source, bwd_source)
         return gm
-
-    return run
 
 
 def _clean_name(name: str) -> str:
@@ -338,7 +339,7 @@ def _read_statistics(
 
 
 def _scales_graph(
-    recorder: _Recorder, captures: list[_Capture], all_captures: list[_Capture]
+    recorder: _TrackingPass, captures: list[_Capture], all_captures: list[_Capture]
 ) -> Graph:
     """One graph holding every tracked tensor of the last forward pass."""
     fwd, bwd = _read_statistics(recorder.fwd), _read_statistics(recorder.bwd)
@@ -398,12 +399,11 @@ def track_scales(module: M) -> M:
         >>> [n.meta["clean_name"] for n in graph.nodes if "metrics" in n.meta][:1]
         ['input']
     """
-    recorder = _Recorder()
     previous = transform_state(module) if isinstance(module, nn.Module) else None
     tracked = apply_transform(
         module,
         "track_scales",
-        _tracking_pass(recorder),
+        _TrackingPass(),
         non_recurse=UNIT_SCALED_FUNCTIONS,
         order=_order_transforms,
     )
@@ -415,16 +415,29 @@ def track_scales(module: M) -> M:
         )
     state.executor = None
     state.before_call.append(_make_inputs_require_grad)
+    bind_attribute(tracked, "scales_graph", _ScalesGraph)
+    return tracked
 
-    def scales_graph() -> Graph:
+
+class _ScalesGraph:
+    """``module.scales_graph()``: bound to the module's own transform state."""
+
+    def __init__(self, state: TransformState) -> None:
+        self._state = state
+
+    def __call__(self) -> Graph:
+        """The graph of the last forward pass, every tracked tensor annotated."""
+        state = self._state
         if not state.graphs_run_in_call:
             raise RuntimeError(
                 "scales_graph() needs a forward pass of the tracked module first"
             )
-        return _scales_graph(recorder, state.graphs_run_in_call, state.captures)
+        tracking = state.pass_of(_TrackingPass)
+        return _scales_graph(tracking, state.graphs_run_in_call, state.captures)
 
-    object.__setattr__(tracked, "scales_graph", scales_graph)
-    return tracked
+    def __deepcopy__(self, memo: dict[int, Any]) -> _ScalesGraph:
+        # The module's state is copied first (it is set before this attribute).
+        return _ScalesGraph(copy.deepcopy(self._state, memo))
 
 
 def _float_args(args: Iterable[Any]) -> list[Node]:

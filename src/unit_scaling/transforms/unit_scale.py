@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import operator
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -13,7 +14,7 @@ from torch import Tensor, nn
 from torch.fx import Graph, GraphModule, Node
 
 from .. import functional as U
-from ._dynamo import GraphPass, apply_transform
+from ._dynamo import GraphPass, apply_transform, transform_state
 from ._graph import (
     all_ancestors,
     ancestors_between,
@@ -24,7 +25,13 @@ from ._graph import (
     node_index,
     retarget,
 )
-from ._library import TransposedLinear, rewrite_library_modules
+from ._library import (
+    AttentionFunctions,
+    TransposedLinear,
+    opaque_library_functions,
+    opaque_rewrite_functions,
+    rewrite_library_modules,
+)
 
 __all__ = ["unit_scale"]
 
@@ -68,9 +75,12 @@ UNIT_SCALED_FUNCTIONS: tuple[Callable[..., Any], ...] = tuple(
 )
 
 
-def _replace_functions(graph: Graph, replace: dict[Callable[..., Any], Any]) -> None:
+def _replace_functions(
+    graph: Graph, replace: dict[Callable[..., Any], Any], found: set[Any]
+) -> None:
     for node in graph.nodes:
         if node.op == "call_function" and node.target in replace:
+            found.add(node.target)
             target = replace[node.target]
             logger.info(
                 "replacing function: %s with %s",
@@ -94,6 +104,12 @@ def _replace_with_unit_scaled(graph: Graph) -> None:
             retarget(node, target)
             if target is U.scaled_dot_product_attention:
                 _keep_attention_temperature(node)
+            if "inplace" in inspect.signature(target).parameters and _get_argument(
+                node, "inplace"
+            ):
+                # Unit-scaled ops are out of place; the graph already uses the
+                # returned value, which is what in-place activations return.
+                _set_argument(node, "inplace", False)
 
 
 def _keep_attention_temperature(node: Node) -> None:
@@ -183,7 +199,24 @@ def _unconstrain_after_last_residual(graph: Graph) -> None:
         target = node.target
         if callable(target) and target in _CONSTRAINED:
             logger.info("unconstraining node: %s", node)
-            node.kwargs = {**node.kwargs, "constraint": None}
+            _set_argument(node, "constraint", None)
+
+
+def _get_argument(node: Node, name: str) -> Any:
+    """Argument ``name`` of a call node (``None`` if not given)."""
+    position = list(inspect.signature(node.target).parameters).index(name)  # type: ignore[arg-type]
+    if position < len(node.args):
+        return node.args[position]
+    return node.kwargs.get(name)
+
+
+def _set_argument(node: Node, name: str, value: Any) -> None:
+    """Set argument ``name`` of a call node, wherever it was passed."""
+    position = list(inspect.signature(node.target).parameters).index(name)  # type: ignore[arg-type]
+    if position < len(node.args):
+        node.args = (*node.args[:position], value, *node.args[position + 1 :])
+    else:
+        node.kwargs = {**node.kwargs, name: value}
 
 
 _CONSTRAINED = {
@@ -193,18 +226,20 @@ _CONSTRAINED = {
 }
 
 
-def _unit_scaling_pass(replace: dict[Callable[..., Any], Any]) -> GraphPass:
+def _unit_scaling_pass(
+    replace: dict[Callable[..., Any], Any], found: set[Any]
+) -> GraphPass:
     def run(gm: GraphModule) -> GraphModule:
         graph = gm.graph
-        _replace_functions(graph, replace)
+        _replace_functions(graph, replace, found)
         _replace_with_unit_scaled(graph)
         index = node_index(graph)
         residuals = {}
         for node in graph.nodes:
             if is_add(node):
-                found = _find_residual(node, index)
-                if found is not None:
-                    residuals[node] = found
+                residual = _find_residual(node, index)
+                if residual is not None:
+                    residuals[node] = residual
         for node in list(graph.nodes):
             if node in residuals:
                 _unit_scale_residual(graph, node, *residuals[node])
@@ -261,7 +296,7 @@ def _weights_of(module: nn.Module) -> tuple[str, ...]:
         ),
     ) or _is_hf_conv1d(module):
         return ("weight",)
-    if isinstance(module, nn.MultiheadAttention):
+    if isinstance(module, (nn.MultiheadAttention, AttentionFunctions)):
         return ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight")
     return ()
 
@@ -271,7 +306,7 @@ def _biases_of(module: nn.Module) -> tuple[str, ...]:
         module, (nn.Linear, nn.modules.conv._ConvNd, nn.Bilinear, TransposedLinear)
     ) or _is_hf_conv1d(module):
         return ("bias",)
-    if isinstance(module, nn.MultiheadAttention):
+    if isinstance(module, (nn.MultiheadAttention, AttentionFunctions)):
         return ("in_proj_bias", "bias_k", "bias_v")
     return ()
 
@@ -348,13 +383,39 @@ def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) 
     function_replacements = {
         k: v for k, v in replace.items() if k not in module_replacements
     }
+    found: set[Any] = set()
     result = apply_transform(
         module,
         "unit_scale",
-        _unit_scaling_pass(function_replacements),
-        non_recurse=(*UNIT_SCALED_FUNCTIONS, *function_replacements),
+        _unit_scaling_pass(function_replacements, found),
+        non_recurse=(
+            *UNIT_SCALED_FUNCTIONS,
+            *function_replacements,
+            *opaque_library_functions(module),
+            *opaque_rewrite_functions(),
+        ),
         order=_order_transforms,
     )
-    rewrite_library_modules(result, module_replacements)
+    state = transform_state(result)
+    assert state is not None
+
+    def check_replacements(state: Any) -> None:
+        for key in function_replacements.keys() - found:
+            warnings.warn(
+                f"unit_scale: replace key {getattr(key, '__qualname__', key)!r} was "
+                "never called in the traced forward pass, so nothing was replaced "
+                "(is it the function the model calls, e.g. the same object?)",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    state.after_first_call.append(check_replacements)
+    matched = rewrite_library_modules(result, module_replacements)
+    for cls in module_replacements.keys() - matched:
+        warnings.warn(
+            f"unit_scale: replace key {cls.__qualname__} matched no submodule",
+            UserWarning,
+            stacklevel=2,
+        )
     _unit_init_weights(result)
     return result

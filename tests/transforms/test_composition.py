@@ -1,0 +1,191 @@
+"""Transforms applied one after another, and transformed modules copied, saved,
+trained and moved."""
+
+from __future__ import annotations
+
+import copy
+import io
+import logging
+import pickle
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import unit_scaling.functional as U
+from tests.transforms.models import CASES, MLP, unit_backward
+from unit_scaling.transforms import simulate_fp8, track_scales, unit_scale
+
+NANOGPT = CASES["nanogpt"]
+
+
+def _is_quantiser(node: torch.fx.Node) -> bool:
+    return getattr(node.target, "__name__", "").startswith("quantise_")
+
+
+def _grads(model: nn.Module) -> list[Tensor]:
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def test_track_scales_of_unit_scale() -> None:
+    model = track_scales(unit_scale(NANOGPT.make()))
+    reference = unit_scale(NANOGPT.make())
+    out = NANOGPT.run(model)
+    torch.testing.assert_close(out, NANOGPT.run(reference))
+    unit_backward(out)
+    graph = model.scales_graph()
+    residual_adds = [n for n in graph.nodes if n.target is U.residual_add]
+    assert len(residual_adds) == 4
+    assert all(n.meta["metrics"].bwd is not None for n in residual_adds)
+
+
+def test_track_scales_of_simulate_fp8_of_unit_scale() -> None:
+    model = track_scales(simulate_fp8(unit_scale(NANOGPT.make())))
+    reference = simulate_fp8(unit_scale(NANOGPT.make()))
+    out = NANOGPT.run(model)
+    torch.testing.assert_close(out, NANOGPT.run(reference))
+    unit_backward(out)
+    graph = model.scales_graph()
+    quantisers = [n for n in graph.nodes if _is_quantiser(n)]
+    assert quantisers
+    assert U.residual_add in {n.target for n in graph.nodes}
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        "unit_scale(simulate_fp8(m))",
+        "track_scales(unit_scale(simulate_fp8(m)))",
+    ],
+)
+def test_unit_scaling_runs_before_quantisation(
+    order: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="unit_scaling.transforms")
+    expected_model = simulate_fp8(unit_scale(NANOGPT.make()))
+    if order.startswith("track_scales"):
+        model = track_scales(unit_scale(simulate_fp8(NANOGPT.make())))
+    else:
+        model = unit_scale(simulate_fp8(NANOGPT.make()))
+    # Same seed, same weights: the reordered chain computes the same function.
+    torch.testing.assert_close(NANOGPT.run(model), NANOGPT.run(expected_model))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("reordering transforms") for m in messages), messages
+    unit_scaling = messages.index("running unit_scale transform")
+    quantising = messages.index("running simulate_format transform")
+    assert unit_scaling < quantising
+
+
+def test_unit_scale_is_idempotent() -> None:
+    once = unit_scale(CASES["mlp"].make())
+    twice = unit_scale(unit_scale(CASES["mlp"].make()))
+    x = torch.randn(8, 32)
+    torch.testing.assert_close(twice(x), once(x))
+
+
+# --------------------------------------------------------------------------- #
+# Copying and saving.
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [unit_scale, simulate_fp8, lambda m: simulate_fp8(unit_scale(m))],
+    ids=["unit_scale", "simulate_fp8", "both"],
+)
+def test_deepcopy_is_independent(transform) -> None:  # type: ignore[no-untyped-def]
+    model = transform(NANOGPT.make())
+    expected = NANOGPT.run(model).detach()
+    copied = copy.deepcopy(model)
+    torch.testing.assert_close(NANOGPT.run(copied), expected)
+    with torch.no_grad():
+        for p in copied.parameters():
+            p.add_(1.0)
+    assert not torch.allclose(NANOGPT.run(copied), expected)
+    torch.testing.assert_close(NANOGPT.run(model), expected)
+    assert all(
+        a.data_ptr() != b.data_ptr()
+        for a, b in zip(model.parameters(), copied.parameters(), strict=True)
+    )
+
+
+def test_deepcopy_of_tracked_module_tracks_itself() -> None:
+    model = track_scales(MLP())
+    copied = copy.deepcopy(model)
+    x = torch.randn(8, 32)
+    copied(x)
+    model(10 * x)
+
+    def input_scale(m: nn.Module) -> float:
+        graph = m.scales_graph()
+        [node] = [n for n in graph.nodes if n.meta.get("clean_name") == "x"]
+        return float(node.meta["metrics"].fwd.mean_abs)
+
+    assert input_scale(model) == pytest.approx(10 * input_scale(copied), rel=1e-5)
+
+
+@pytest.mark.parametrize("save", ["pickle", "torch.save"])
+def test_pickling_raises_clear_type_error(save: str) -> None:
+    model = unit_scale(MLP())
+    with pytest.raises(TypeError, match="state_dict"):
+        if save == "pickle":
+            pickle.dumps(model)
+        else:
+            torch.save(model, io.BytesIO())
+
+
+def test_state_dict_round_trip() -> None:
+    source = unit_scale(NANOGPT.make())
+    with torch.no_grad():
+        for p in source.parameters():
+            p.mul_(1.5)
+    target = unit_scale(NANOGPT.make(seed=1))
+    target.load_state_dict(source.state_dict())
+    torch.testing.assert_close(NANOGPT.run(target), NANOGPT.run(source))
+    # ... and into the untransformed architecture.
+    plain = NANOGPT.make()
+    plain.load_state_dict(source.state_dict())
+    for name, value in plain.state_dict().items():
+        assert torch.equal(value, source.state_dict()[name]), name
+
+
+# --------------------------------------------------------------------------- #
+# Using a transformed module like any other.
+# --------------------------------------------------------------------------- #
+
+
+def test_training_steps_use_updated_parameters() -> None:
+    model = unit_scale(NANOGPT.make())
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.05)
+    args, _ = NANOGPT.inputs(0)
+    losses = []
+    for _ in range(4):
+        _, loss = model(*args, targets=args[0])
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def test_train_eval_and_dtype_switches() -> None:
+    class Dropout(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(32, 32)
+            self.drop = nn.Dropout(0.5)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.drop(self.fc(x))
+
+    model = unit_scale(Dropout())
+    x = torch.randn(16, 32)
+    trained = model(x)
+    assert (trained == 0).any()
+    model.eval()
+    evaluated = model(x)
+    expected = U.linear(x, model.fc.weight, model.fc.bias, constraint=None)
+    torch.testing.assert_close(evaluated, expected)
+    model.double()
+    assert model(x.double()).dtype == torch.float64
+    torch.testing.assert_close(model(x.double()).float(), expected)
