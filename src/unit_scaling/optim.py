@@ -326,9 +326,10 @@ def scaled_parameters(
                 raise ValueError(
                     f"{_describe(name, g, i, param)} has no u-μP tags, so its "
                     "learning rate cannot be scaled. Create it as "
-                    "unit_scaling.Parameter, pass tags= captured with mup_tags() "
-                    "before the parameters were replaced, or set "
-                    "allow_non_unit_scaling_params=True to give it the base lr"
+                    "unit_scaling.Parameter, shard with unit_scaling.parallel."
+                    "fully_shard (torch's fully_shard drops tags), pass tags= "
+                    "captured with mup_tags() before the parameters were replaced, "
+                    "or set allow_non_unit_scaling_params=True to give it the base lr"
                 )
             decay = (
                 _independent_decay(base_decay, param_lr)
