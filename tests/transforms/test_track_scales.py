@@ -225,6 +225,31 @@ def test_metrics_match_tensor_statistics() -> None:
     assert x_bwd.std == pytest.approx((3 * grad).std().item(), rel=1e-5)
 
 
+def test_non_finite_tensors_never_report_a_finite_scale() -> None:
+    class NonFinite(nn.Module):
+        def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            masked = x.masked_fill(x > 0, float("-inf"))
+            return x * float("inf"), masked, x * float("nan")
+
+    model = track_scales(NonFinite())
+    x = torch.randn(16, 8)
+    model(x)
+    graph = model.scales_graph()
+    by_name = {
+        n.meta["clean_name"]: n.meta["metrics"].fwd for n in _tracked_nodes(graph)
+    }
+    all_inf = by_name["mul"]
+    assert math.isinf(all_inf.mean_abs) and math.isinf(all_inf.std)
+    assert all_inf.e4m3_overflow == 1.0
+    # a partly masked tensor keeps the scale of its finite part
+    part = by_name["masked"]
+    finite = x[x <= 0]
+    assert part.mean_abs == pytest.approx(finite.abs().mean().item(), rel=1e-5)
+    assert math.isinf(part.abs_max)
+    all_nan = by_name["mul_1"]
+    assert math.isnan(all_nan.mean_abs) and math.isnan(all_nan.std)
+
+
 def test_parameter_hooks_do_not_accumulate() -> None:
     model = track_scales(nn.Linear(8, 8))
     for _ in range(4):

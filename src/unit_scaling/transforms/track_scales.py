@@ -149,6 +149,8 @@ def _statistics_kernel(x: Tensor, correction: int = 1) -> Tensor:
     Means and the standard deviation are over the finite elements, so that a
     mask holding ``-inf`` still reports the scale of its finite part; the
     maximum shows infinities, and they count as FP8 overflow. NaN is ignored.
+    A tensor with no finite element at all reports its means and standard
+    deviation as ``inf`` (or NaN when it holds NaN), never a misleading 0.
     """
     finite = torch.isfinite(x)
     count = finite.sum()
@@ -160,11 +162,13 @@ def _statistics_kernel(x: Tensor, correction: int = 1) -> Tensor:
     is_nan = torch.isnan(x)
     nonzero = a > 0
     n = x.numel()
+    none_finite = count == 0
+    fill = a.amax()  # inf, or NaN if any element is NaN
     return torch.stack(
         [
-            values.abs().sum() / count.clamp_min(1),
-            mean.abs(),
-            var.sqrt(),
+            torch.where(none_finite, fill, values.abs().sum() / count.clamp_min(1)),
+            torch.where(none_finite, fill, mean.abs()),
+            torch.where(none_finite, fill, var.sqrt()),
             torch.where(is_nan, 0.0, a).amax(),
             torch.where(is_nan, torch.inf, a).amin(),
             (a > _E4M3_MAX).sum() / n,
