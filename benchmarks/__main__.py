@@ -11,7 +11,7 @@ import argparse
 from . import formats, train_step, transforms
 
 SECTIONS = {
-    "train_step": lambda quick: train_step.run(rounds=10 if quick else 30),
+    "train_step": lambda quick: train_step.run(rounds=10 if quick else 40),
     "formats": lambda quick: formats.run(),
     "transforms": lambda quick: transforms.run(rounds=5 if quick else 20),
 }

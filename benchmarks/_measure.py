@@ -14,10 +14,14 @@ from collections.abc import Callable
 import torch
 
 
-def interleaved_medians(
+def interleaved_times(
     candidates: dict[str, Callable[[], object]], rounds: int, warmup: int = 3
-) -> dict[str, float]:
-    """Median wall-clock seconds per call of each candidate, measured interleaved."""
+) -> dict[str, list[float]]:
+    """Wall-clock seconds of every call of each candidate, measured interleaved.
+
+    Round ``r`` runs every candidate once, in an order rotated by ``r``, so the
+    ``r``-th times of two candidates were taken moments apart.
+    """
     names = list(candidates)
     for name in names:
         for _ in range(warmup):
@@ -29,7 +33,26 @@ def interleaved_medians(
             start = time.perf_counter()
             candidates[name]()
             times[name].append(time.perf_counter() - start)
+    return times
+
+
+def interleaved_medians(
+    candidates: dict[str, Callable[[], object]], rounds: int, warmup: int = 3
+) -> dict[str, float]:
+    """Median wall-clock seconds per call of each candidate, measured interleaved."""
+    times = interleaved_times(candidates, rounds, warmup)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def paired_ratio(times: dict[str, list[float]], ours: str, baseline: str) -> float:
+    """Median over rounds of ``ours / baseline``, each ratio taken within a round.
+
+    On a shared machine whose speed drifts between rounds this is steadier than
+    the ratio of the two medians: both calls of a round see the same load.
+    """
+    return statistics.median(
+        a / b for a, b in zip(times[ours], times[baseline], strict=True)
+    )
 
 
 def peak_memory_bytes(step: Callable[[], object], *roots: object) -> int:

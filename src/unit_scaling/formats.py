@@ -30,6 +30,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import Tensor
 
+from ._autograd import Function
 from ._kernels import CompiledKernels
 
 __all__ = ["FP8_E4M3", "FP8_E5M2", "FPFormat", "format_to_tuple", "tuple_to_format"]
@@ -198,7 +199,7 @@ class FPFormat:
             >>> x.grad
             tensor([1.])
         """
-        out: Tensor = _QuantiseForward.apply(x, self)  # type: ignore[no-untyped-call]
+        out: Tensor = _QuantiseForward.apply(x, self)
         return out
 
     def quantise_bwd(self, x: Tensor) -> Tensor:
@@ -213,7 +214,7 @@ class FPFormat:
             >>> x.grad
             tensor([0.3125])
         """
-        out: Tensor = _QuantiseBackward.apply(x, self)  # type: ignore[no-untyped-call]
+        out: Tensor = _QuantiseBackward.apply(x, self)
         return out
 
 
@@ -478,7 +479,7 @@ def _tensor_params(
     )
 
 
-class _QuantiseForward(torch.autograd.Function):
+class _QuantiseForward(Function):
     @staticmethod
     def forward(x: Tensor, fmt: FPFormat) -> Tensor:
         return fmt.quantise(x)
@@ -492,7 +493,7 @@ class _QuantiseForward(torch.autograd.Function):
         return grad, None
 
 
-class _QuantiseBackward(torch.autograd.Function):
+class _QuantiseBackward(Function):
     @staticmethod
     def forward(x: Tensor, fmt: FPFormat) -> Tensor:
         return x.view_as(x)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
+
+from ._autograd import Function
 
 __all__ = ["scale_bwd", "scale_fwd"]
 
@@ -24,7 +25,7 @@ def _is_one(scale: Scale) -> bool:
     return not isinstance(scale, Tensor) and scale == 1
 
 
-class _ScaleFwdBwd(torch.autograd.Function):
+class _ScaleFwdBwd(Function):
     """``y = fwd * x`` whose gradient is ``bwd * grad_y`` (independent scales)."""
 
     @staticmethod
@@ -47,7 +48,7 @@ def _scale(x: Tensor, fwd: Scale, bwd: Scale) -> Tensor:
     """
     if _is_one(fwd) and _is_one(bwd):
         return x
-    out: Tensor = _ScaleFwdBwd.apply(x, fwd, bwd)  # type: ignore[no-untyped-call]
+    out: Tensor = _ScaleFwdBwd.apply(x, fwd, bwd)
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
+from .._autograd import Function
 from ..constraints import apply_constraint
 from ..scale import scale_bwd, scale_fwd
 from ._checks import autocast_inputs, validate_constraint
@@ -38,7 +39,7 @@ def _bmm(a: Tensor, b: Tensor, alpha: float) -> Tensor:
     return torch.baddbmm(a[:1, :1, :1], a, b, beta=0, alpha=alpha)
 
 
-class _ScaledLinearFn(torch.autograd.Function):
+class _ScaledLinearFn(Function):
     """``y = a (x Wᵀ + b)``; ``∂x = c ∂y W``; ``∂W = d ∂yᵀ x``; ``∂b = d Σ ∂y``."""
 
     @staticmethod
@@ -82,7 +83,7 @@ class _ScaledLinearFn(torch.autograd.Function):
         return grad_input, grad_weight, grad_bias, None, None, None
 
 
-class _ScaledBmmFn(torch.autograd.Function):
+class _ScaledBmmFn(Function):
     """``y = a (L @ R)``; ``∂L = b ∂y Rᵀ``; ``∂R = c Lᵀ ∂y`` for 3-D operands."""
 
     @staticmethod
@@ -173,7 +174,7 @@ def linear(
     input, weight, bias = cast(
         tuple[Tensor, Tensor, Tensor | None], autocast_inputs(input, weight, bias)
     )
-    out: Tensor = _ScaledLinearFn.apply(  # type: ignore[no-untyped-call]
+    out: Tensor = _ScaledLinearFn.apply(
         input, weight, bias, output_scale, grad_input_scale, grad_weight_scale
     )
     return out
@@ -261,12 +262,12 @@ def matmul(
     )
     left, right = cast(tuple[Tensor, Tensor], autocast_inputs(left, right))
     if right.dim() == 2:
-        out: Tensor = _ScaledLinearFn.apply(  # type: ignore[no-untyped-call]
+        out: Tensor = _ScaledLinearFn.apply(
             left, right.t(), None, output_scale, left_scale, right_scale
         )
         return out
     if left.dim() >= 3 and left.shape[:-2] == right.shape[:-2]:
-        out = _ScaledBmmFn.apply(  # type: ignore[no-untyped-call]
+        out = _ScaledBmmFn.apply(
             left.reshape(-1, *left.shape[-2:]),
             right.reshape(-1, *right.shape[-2:]),
             output_scale,
@@ -321,7 +322,7 @@ def bmm(
         constraint, max(k, 1) ** -0.5, max(n, 1) ** -0.5, max(m, 1) ** -0.5
     )
     input, mat2 = cast(tuple[Tensor, Tensor], autocast_inputs(input, mat2))
-    out: Tensor = _ScaledBmmFn.apply(input, mat2, *scales)  # type: ignore[no-untyped-call]
+    out: Tensor = _ScaledBmmFn.apply(input, mat2, *scales)
     return out
 
 

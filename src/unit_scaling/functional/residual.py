@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._autograd import Function
 from ..constraints import apply_constraint
 from ..scale import scale_bwd, scale_fwd
 from ._checks import validate_constraint
@@ -100,7 +101,7 @@ def _skip_weight(tau: float) -> float:
     return 1 / math.sqrt(1 + tau * tau)
 
 
-class _ResidualSplitFn(torch.autograd.Function):
+class _ResidualSplitFn(Function):
     """``(r, s) = (x, x)``; ``∂x = b (tau ∂r + ∂s)`` in one elementwise pass."""
 
     @staticmethod
@@ -156,13 +157,11 @@ def residual_split(input: Tensor, tau: float = 1.0) -> tuple[Tensor, Tensor]:
         True
     """
     skip_weight = _skip_weight(tau)
-    residual, skip = _ResidualSplitFn.apply(  # type: ignore[no-untyped-call]
-        input, tau, skip_weight
-    )
+    residual, skip = _ResidualSplitFn.apply(input, tau, skip_weight)
     return residual, skip
 
 
-class _ResidualAddFn(torch.autograd.Function):
+class _ResidualAddFn(Function):
     """``y = b (s + tau r)``; ``∂r = ∂s = ∂y`` (summed to each input's shape)."""
 
     @staticmethod
@@ -209,9 +208,7 @@ def residual_add(residual: Tensor, skip: Tensor, tau: float = 1.0) -> Tensor:
         1.0
     """
     skip_weight = _skip_weight(tau)
-    out: Tensor = _ResidualAddFn.apply(  # type: ignore[no-untyped-call]
-        residual, skip, tau, skip_weight
-    )
+    out: Tensor = _ResidualAddFn.apply(residual, skip, tau, skip_weight)
     return out
 
 

@@ -1,0 +1,50 @@
+"""The package's autograd functions: no per-call signature binding, and
+``torch.func`` transforms (vmap, grad) still work through them."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import unit_scaling.functional as U
+from unit_scaling.scale import scale_bwd, scale_fwd
+
+
+def test_apply_skips_signature_binding(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(3, 8, requires_grad=True)
+
+    def no_binding(*args: object, **kwargs: object) -> None:
+        raise AssertionError("inspect.signature called on the eager path")
+
+    monkeypatch.setattr(inspect, "signature", no_binding)
+    y = U.linear(x, w)
+    residual, skip = U.residual_split(y, 0.5)
+    out = U.residual_add(residual, skip, 0.5)
+    scale_bwd(scale_fwd(out, 2.0), 3.0).sum().backward()
+    assert x.grad is not None and w.grad is not None
+
+
+def test_vmap_matches_batched_call() -> None:
+    x, w = torch.randn(5, 3, 8), torch.randn(4, 8)
+    batched = torch.func.vmap(lambda a: U.linear(a, w))(x)
+    torch.testing.assert_close(batched, U.linear(x, w))
+    left, right = torch.randn(5, 2, 3, 4), torch.randn(5, 2, 4, 6)
+    per_sample = torch.func.vmap(U.bmm)(left, right)
+    torch.testing.assert_close(per_sample, U.matmul(left, right))
+    res, skip = torch.func.vmap(lambda a: U.residual_split(a, 0.5))(x)
+    torch.testing.assert_close(res, x)
+    torch.testing.assert_close(skip, x)
+
+
+def test_func_grad_matches_backward() -> None:
+    x, w = torch.randn(6, 8), torch.randn(4, 8)
+    grad = torch.func.grad(lambda weight: U.linear(x, weight).square().sum())(w)
+    w_eager = w.clone().requires_grad_()
+    U.linear(x, w_eager).square().sum().backward()
+    assert w_eager.grad is not None
+    torch.testing.assert_close(grad, w_eager.grad)
+    grad_x = torch.func.grad(lambda t: scale_bwd(t, 3.0).sum())(x)
+    torch.testing.assert_close(grad_x, torch.full_like(x, 3.0))
