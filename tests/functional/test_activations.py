@@ -231,6 +231,26 @@ def test_silu_glu_gradcheck() -> None:
     )
 
 
+@pytest.mark.parametrize("mult", [1.0, 0.5, 3.0])
+def test_silu_glu_double_backward(mult: float) -> None:
+    x = randn(3, 4, dtype=torch.float64).requires_grad_()
+    gate = randn(3, 4, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradgradcheck(
+        lambda a, b: U.silu_glu(a, b, mult=mult), [x, gate]
+    )
+
+
+def test_silu_glu_one_input_needs_grad() -> None:
+    x, gate = torch.randn(8, 4), torch.randn(8, 4, requires_grad=True)
+    U.silu_glu(x, gate).sum().backward()
+    assert gate.grad is not None and x.grad is None
+    gate_ref = gate.detach().clone().requires_grad_()
+    (x * F.silu(gate_ref)).sum().backward()
+    assert gate_ref.grad is not None
+    ratio = gate.grad / gate_ref.grad
+    torch.testing.assert_close(ratio, torch.full_like(ratio, ratio[0, 0].item()))
+
+
 def _softmax_scales(mult: float, n: int) -> tuple[float, float]:
     w = 1 / (1 + 4 / mult**2)
     return _interp(w, n, n**0.5), _interp(w, n / mult, (n / mult) ** 0.5)

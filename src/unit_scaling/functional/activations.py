@@ -25,11 +25,13 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._autograd import Function
 from ..constraints import apply_constraint
 from ..core.functional import logarithmic_interpolation
 from ..scale import _scale
@@ -225,10 +227,60 @@ def silu_glu(input: Tensor, gate: Tensor, mult: float = 1.0) -> Tensor:
     scale = logarithmic_interpolation(
         _sigmoid_of_log(mult**2), lower=2.0, upper=_RELU_GRAD_SCALE
     )
-    activated = F.silu(gate if mult == 1 else gate * mult)
-    # addcmul applies the scale in the same pass as the product; its `self` is a
-    # 0-d zero that needs no gradient.
-    return torch.addcmul(input.new_zeros(()), input, activated, value=scale / mult)
+    out, _ = _SiluGluFn.apply(input, gate, mult, scale / mult)
+    return cast(Tensor, out)
+
+
+class _SiluGluFn(Function):
+    """``y = v · x · silu(m g)`` with its true gradient, every product scaled in
+    the pass that computes it (``addcmul`` with a 0-d zero ``self``), so neither
+    direction makes an extra pass or keeps an extra tensor: it saves what
+    ``x * F.silu(g)`` saves (``x``, ``g``, ``silu(m g)``). ``silu(m g)`` is also
+    returned, non-differentiable, so that ``setup_context`` can save it. Under
+    ``create_graph`` the backward recomputes it from ``g`` to stay differentiable.
+    """
+
+    @staticmethod
+    def forward(
+        input: Tensor, gate: Tensor, mult: float, value: float
+    ) -> tuple[Tensor, Tensor]:
+        activated = F.silu(gate if mult == 1 else gate * mult)
+        out = torch.addcmul(input.new_zeros(()), input, activated, value=value)
+        return out, activated
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        input, gate, mult, value = inputs
+        activated = output[1]
+        ctx.mark_non_differentiable(activated)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(input, gate, activated)
+        ctx.mult, ctx.value = mult, value
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad: Tensor | None, _: Any
+    ) -> tuple[Tensor | None, Tensor | None, None, None]:
+        if grad is None:
+            return None, None, None, None
+        input, gate, activated = ctx.saved_tensors
+        mult, value = ctx.mult, ctx.value
+        tempered = gate if mult == 1 else gate * mult
+        differentiable = torch.is_grad_enabled()  # double backward (create_graph)
+        if differentiable:
+            activated = F.silu(tempered)
+        zero = grad.new_zeros(())
+        grad_input = grad_gate = None
+        if ctx.needs_input_grad[0]:
+            grad_input = torch.addcmul(zero, grad, activated, value=value)
+        if ctx.needs_input_grad[1]:
+            scaled = torch.addcmul(zero, grad, input, value=value * mult)
+            if differentiable:  # aten's silu_backward has no derivative
+                sig = torch.sigmoid(tempered)
+                grad_gate = scaled * sig * (1 + tempered * (1 - sig))
+            else:
+                grad_gate = torch.ops.aten.silu_backward(scaled, tempered)
+        return grad_input, grad_gate, None, None
 
 
 def relu(
