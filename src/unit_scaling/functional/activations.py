@@ -271,15 +271,19 @@ class _SiluGluFn(Function):
             activated = F.silu(tempered)
         zero = grad.new_zeros(())
         grad_input = grad_gate = None
-        if ctx.needs_input_grad[0]:
-            grad_input = torch.addcmul(zero, grad, activated, value=value)
+        # The gate's gradient first, written over its own temporary: at most two
+        # new tensors are alive at once, as in the backward of x * F.silu(g).
         if ctx.needs_input_grad[1]:
             scaled = torch.addcmul(zero, grad, input, value=value * mult)
             if differentiable:  # aten's silu_backward has no derivative
                 sig = torch.sigmoid(tempered)
                 grad_gate = scaled * sig * (1 + tempered * (1 - sig))
             else:
-                grad_gate = torch.ops.aten.silu_backward(scaled, tempered)
+                grad_gate = torch.ops.aten.silu_backward.grad_input(
+                    scaled, tempered, grad_input=scaled
+                )
+        if ctx.needs_input_grad[0]:
+            grad_input = torch.addcmul(zero, grad, activated, value=value)
         return grad_input, grad_gate, None, None
 
 
