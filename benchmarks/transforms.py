@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import time
 from collections.abc import Callable
 
@@ -22,7 +23,7 @@ from torch import nn
 import unit_scaling as uu
 from unit_scaling.transforms import simulate_fp8, track_scales, unit_scale
 
-from ._measure import interleaved_medians, peak_memory_bytes, table
+from ._measure import interleaved_times, paired_ratio, peak_memory_bytes, table
 
 HIDDEN, VOCAB, LAYERS, HEADS = 256, 256, 4, 4
 BATCH, SEQ = 8, 128
@@ -42,7 +43,7 @@ def _gpt2_rows(rounds: int) -> list[tuple[str, ...]]:
         transformed = unit_scale(model)
         transformed(ids)
         first_output = time.perf_counter() - start
-        times = interleaved_medians(
+        times = interleaved_times(
             {"plain": lambda: model(ids), "unit_scale": lambda: transformed(ids)},
             rounds,
         )
@@ -54,12 +55,8 @@ def _gpt2_rows(rounds: int) -> list[tuple[str, ...]]:
             "",
             "≤ 5 s",
         ),
-        (
-            "GPT-2 small: steady forward (ms)",
-            f"{times['plain'] * 1e3:.1f}",
-            f"{times['unit_scale'] * 1e3:.1f}",
-            f"{times['unit_scale'] / times['plain']:.3f}",
-            "≤ 1.05",
+        _time_row(
+            "GPT-2 small: steady forward (ms)", times, "plain", "unit_scale", "≤ 1.05"
         ),
     ]
 
@@ -86,22 +83,15 @@ def _decoder_rows(rounds: int) -> list[tuple[str, ...]]:
     fp8 = simulate_fp8(model)
     base_opt = uu.optim.AdamW(model.parameters(), lr=1e-3)
     fp8_opt = uu.optim.AdamW(fp8.parameters(), lr=1e-3)
-    times = interleaved_medians(
+    times = interleaved_times(
         {
             "fp32": _decoder_step(model, batch, base_opt),
             "fp8": _decoder_step(fp8, batch, fp8_opt),
         },
         rounds,
     )
-    rows = [
-        (
-            "decoder: simulate_fp8 training step (ms)",
-            f"{times['fp32'] * 1e3:.1f}",
-            f"{times['fp8'] * 1e3:.1f}",
-            f"{times['fp8'] / times['fp32']:.3f}",
-            "≤ 1.3",
-        )
-    ]
+    label = "decoder: simulate_fp8 training step (ms)"
+    rows = [_time_row(label, times, "fp32", "fp8", "≤ 1.3")]
 
     untracked = copy.deepcopy(model)
     tracked = track_scales(model)
@@ -109,16 +99,9 @@ def _decoder_rows(rounds: int) -> list[tuple[str, ...]]:
         "untracked": _decoder_step(untracked, batch, None),
         "tracked": _decoder_step(tracked, batch, None),
     }
-    times = interleaved_medians(steps, rounds)
-    rows.append(
-        (
-            "decoder: track_scales fwd+bwd (ms)",
-            f"{times['untracked'] * 1e3:.1f}",
-            f"{times['tracked'] * 1e3:.1f}",
-            f"{times['tracked'] / times['untracked']:.3f}",
-            "≤ 1.5",
-        )
-    )
+    times = interleaved_times(steps, rounds)
+    label = "decoder: track_scales fwd+bwd (ms)"
+    rows.append(_time_row(label, times, "untracked", "tracked", "≤ 1.5"))
     memory = {
         name: peak_memory_bytes(step, steps_model)
         for (name, step), steps_model in zip(
@@ -137,11 +120,24 @@ def _decoder_rows(rounds: int) -> list[tuple[str, ...]]:
     return rows
 
 
+def _time_row(
+    label: str, times: dict[str, list[float]], baseline: str, ours: str, target: str
+) -> tuple[str, ...]:
+    """Medians in ms, and the median of the same-round ratios."""
+    return (
+        label,
+        f"{statistics.median(times[baseline]) * 1e3:.1f}",
+        f"{statistics.median(times[ours]) * 1e3:.1f}",
+        f"{paired_ratio(times, ours, baseline):.3f}",
+        target,
+    )
+
+
 def run(rounds: int = 20) -> str:
     rows = _gpt2_rows(rounds) + _decoder_rows(rounds)
     return (
-        f"Transforms ({torch.get_num_threads()} threads, median of {rounds} "
-        "interleaved calls)\n"
+        f"Transforms ({torch.get_num_threads()} threads, medians of {rounds} "
+        "interleaved calls; ratio: median of the same-round ratios)\n"
         + table(rows, ("measure", "baseline", "transformed", "ratio", "target"))
     )
 
