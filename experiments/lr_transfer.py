@@ -45,8 +45,8 @@ from unit_scaling.data import Corpus
 class Config:
     widths: tuple[int, ...] = (64, 128, 256, 512)
     # log2 of the learning rates of each sweep (a ×2 grid)
-    sp_lrs: tuple[int, ...] = tuple(range(-13, -5))
-    umup_lrs: tuple[int, ...] = tuple(range(-4, 4))
+    sp_lrs: tuple[int, ...] = tuple(range(-12, -5))
+    umup_lrs: tuple[int, ...] = tuple(range(-3, 4))
     layers: int = 2
     batch_size: int = 16
     seq_len: int = 64
