@@ -8,6 +8,7 @@ many runs share the machine (``--jobs``).
 
 from __future__ import annotations
 
+import argparse
 import math
 import multiprocessing
 import os
@@ -190,6 +191,24 @@ def run_all(
             results[index] = result
             report(done + 1, index)
     return results
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, defaults: Any) -> None:
+    """The options every experiment shares, defaulting to ``defaults``' fields:
+    ``--layers``, ``--seq-len``, ``--warmup``, ``--val-batches``, ``--seed``,
+    ``--jobs`` and ``--out``."""
+    parser.add_argument("--layers", type=int, default=defaults.layers)
+    parser.add_argument("--seq-len", type=int, default=defaults.seq_len)
+    parser.add_argument("--warmup", type=int, default=defaults.warmup)
+    parser.add_argument("--val-batches", type=int, default=defaults.val_batches)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=default_jobs(),
+        help="runs in parallel, one thread each (default: CPU count)",
+    )
+    parser.add_argument("--out", type=Path, default=DOCS)
 
 
 def default_jobs() -> int:

@@ -35,9 +35,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from _common import (
-    DOCS,
     Curve,
-    default_jobs,
+    add_run_arguments,
     make_model,
     make_optimizer,
     markdown_table,
@@ -543,11 +542,9 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--width", type=int, default=d.width)
-    p.add_argument("--layers", type=int, default=d.layers)
     p.add_argument(
         "--batch-size", type=int, default=d.batch_size, help="micro-batch rows"
     )
-    p.add_argument("--seq-len", type=int, default=d.seq_len)
     p.add_argument(
         "--accumulate",
         type=int,
@@ -556,10 +553,8 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     )
     p.add_argument("--lr-sp", type=float, default=d.lr_sp)
     p.add_argument("--lr-umup", type=float, default=d.lr_umup)
-    p.add_argument("--warmup", type=int, default=d.warmup)
     p.add_argument("--loss-scale", type=float, default=d.loss_scale)
     p.add_argument("--eval-every", type=int, default=d.eval_every)
-    p.add_argument("--val-batches", type=int, default=d.val_batches)
     p.add_argument(
         "--sweep",
         type=int,
@@ -567,14 +562,7 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         default=list(d.sweep),
         help="accumulation counts for the underflow-vs-batch panel",
     )
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument(
-        "--jobs",
-        type=int,
-        default=default_jobs(),
-        help="runs in parallel, one thread each (default: CPU count)",
-    )
-    p.add_argument("--out", type=Path, default=DOCS)
+    add_run_arguments(p, d)
     args = p.parse_args(argv)
     fields = {k: getattr(args, k) for k in asdict(d) if k != "sweep"}
     return Config(**fields, sweep=tuple(args.sweep)), args

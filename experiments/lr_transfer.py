@@ -24,10 +24,9 @@ from pathlib import Path
 
 import torch
 from _common import (
-    DOCS,
     PARAMETRISATIONS,
     Curve,
-    default_jobs,
+    add_run_arguments,
     make_model,
     make_optimizer,
     markdown_table,
@@ -277,26 +276,15 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         default=list(d.umup_lrs),
         help="log2 of the u-μP learning rates (default: %(default)s)",
     )
-    p.add_argument("--layers", type=int, default=d.layers)
     p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--seq-len", type=int, default=d.seq_len)
     p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--warmup", type=int, default=d.warmup)
-    p.add_argument("--val-batches", type=int, default=d.val_batches)
     p.add_argument(
         "--cap",
         type=float,
         default=d.cap,
         help="plot losses above this (and diverged runs) here",
     )
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument(
-        "--jobs",
-        type=int,
-        default=default_jobs(),
-        help="runs in parallel, one thread each (default: CPU count)",
-    )
-    p.add_argument("--out", type=Path, default=DOCS)
+    add_run_arguments(p, d)
     args = p.parse_args(argv)
     tuples = ("widths", "sp_lrs", "umup_lrs")
     fields = {k: getattr(args, k) for k in asdict(d)}
