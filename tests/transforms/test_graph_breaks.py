@@ -149,3 +149,23 @@ def test_torch_compile_with_graph_breaks() -> None:
     x = torch.randn(32, WIDTH)
     for _ in range(2):
         torch.testing.assert_close(compiled(x), reference(x))
+
+
+def test_transformers_logger_break_names_the_fix(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pytest.importorskip("transformers")
+    from tests.transforms.models import hf_gpt2
+
+    model = hf_gpt2()
+    ids = torch.randint(64, (2, 8))
+    caplog.set_level(logging.WARNING, logger="unit_scaling.transforms")
+    unit_scale(model)(input_ids=ids, labels=ids)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("model.loss_type" in m for m in warnings), warnings
+
+    caplog.clear()
+    model.loss_type = "ForCausalLM"
+    unit_scale(model)(input_ids=ids, labels=ids)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert not any("broke the graph" in m for m in warnings), warnings

@@ -543,14 +543,24 @@ def _untraceable(module: nn.Module, detail: str) -> RuntimeError:
 
 def _warn_graph_breaks(module: nn.Module, graphs: int, reasons: Counter[str]) -> None:
     summary = "; ".join(_first_line(r) for r in reasons) or "reasons not reported"
+    hint = ""
+    if "logging.Logger" in summary and type(module).__module__.startswith(
+        "transformers."
+    ):
+        # transformers logs from forward when it has to guess the loss type.
+        hint = (
+            " For a Hugging Face model, set its loss type first (e.g. model.loss_type "
+            '= "ForCausalLM") so that forward does not log.'
+        )
     logger.warning(
         "TorchDynamo broke the graph of %s.forward (%d graph(s) ran; %s). Every "
         "graph is transformed, but code at a break runs untransformed, and a "
         "residual add whose branch spans a break is treated as a plain add. To "
-        "avoid a break, make that code traceable or pass it in replace=.",
+        "avoid a break, make that code traceable or pass it in replace=.%s",
         type(module).__name__,
         graphs,
         summary,
+        hint,
     )
 
 
