@@ -97,26 +97,8 @@ SUBMODULES = {
         "AdamW",
     ],
 }
-MODULES = [
-    "Linear",
-    "LinearReadout",
-    "Conv1d",
-    "LayerNorm",
-    "RMSNorm",
-    "Embedding",
-    "GELU",
-    "SiLU",
-    "Softmax",
-    "Dropout",
-    "CrossEntropyLoss",
-    "MLP",
-    "MHSA",
-    "TransformerLayer",
-    "DepthModuleList",
-    "DepthSequential",
-    "TransformerStack",
-    "TransformerDecoder",
-]
+# The top-level names that are nn.Module classes.
+MODULES = TOP_LEVEL[: TOP_LEVEL.index("MupType")]
 
 
 @pytest.mark.parametrize("name", TOP_LEVEL)
