@@ -11,6 +11,7 @@ nothing to bind: outside functorch transforms we go straight to the C++
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,10 +29,16 @@ class Function(torch.autograd.Function):
     """
 
     generate_vmap_rule = True
+    # The C++ apply (found after torch.autograd.Function in the MRO), bound to each
+    # subclass once rather than looked up through ``super()`` on every call.
+    _c_apply: Callable[..., Any]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._c_apply = super(torch.autograd.Function, cls).apply  # type: ignore[misc]
 
     @classmethod
     def apply(cls, *args: Any) -> Any:
         if torch._C._are_functorch_transforms_active():
             return super().apply(*args)  # type: ignore[no-untyped-call]
-        # The C++ apply, found after torch.autograd.Function in the MRO.
-        return super(torch.autograd.Function, cls).apply(*unwrap_dead_wrappers(args))  # type: ignore[misc]
+        return cls._c_apply(*unwrap_dead_wrappers(args))

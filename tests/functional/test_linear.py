@@ -9,6 +9,7 @@ of ``N`` unit-variance samples has relative standard deviation ``≈ 1/sqrt(2N)`
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -104,6 +105,35 @@ def test_linear_scale_power_and_readout() -> None:
     # Unconstrained: the input gradient keeps its own fan_out^-½ scale.
     torch.testing.assert_close(x.grad, 32**-0.5 * x_ref.grad)
     torch.testing.assert_close(w.grad, 64**-0.5 * w_ref.grad)
+
+
+def test_linear_scales_memoised_per_shape() -> None:
+    """Eager ``linear`` memoises its scales per shape; the cache must not change
+    results, accept what the uncached path rejects, or mind a list scale_power."""
+    x, w = randn(16, 64, seed=1), randn(32, 64, seed=2)
+    first = U.linear(x, w, scale_power=(0.5, 0.5, 0.5))
+    again = U.linear(x, w, scale_power=[0.5, 0.5, 0.5])  # type: ignore[arg-type]
+    torch.testing.assert_close(first, again)
+    torch.testing.assert_close(first, F.linear(x, w) / 8)
+    # A different batch gets its own weight-gradient scale, not a cached one.
+    x2 = randn(4, 64, seed=3).requires_grad_()
+    w2 = w.detach().clone().requires_grad_()
+    U.linear(x2, w2).backward(torch.ones(4, 32))
+    torch.testing.assert_close(w2.grad, 4**-0.5 * torch.ones(4, 32).t() @ x2.detach())
+    for _ in range(2):  # rejected on every call, not only the first
+        with pytest.raises(ValueError, match="constraint='gmeen'"):
+            U.linear(x, w, constraint="gmeen")
+
+
+def test_linear_compiles_without_cache_warning() -> None:
+    """Under torch.compile the scales are traced, not read through lru_cache
+    (which Dynamo would warn about)."""
+    x, w = randn(4, 16, seed=1), randn(8, 16, seed=2)
+    compiled = torch.compile(U.linear, fullgraph=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(compiled(x, w), U.linear(x, w))
+    assert not [c for c in caught if "lru_cache" in str(c.message)]
 
 
 def test_linear_non_contiguous_input() -> None:

@@ -8,6 +8,7 @@ what the plain op saves. A unit-scaled linear layer therefore costs the same as
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any, cast
@@ -23,19 +24,12 @@ from ._checks import autocast_inputs, validate_constraint
 __all__ = ["bmm", "einsum", "linear", "linear_readout", "matmul"]
 
 
-def _mm(a: Tensor, b: Tensor, alpha: float) -> Tensor:
-    """``alpha * (a @ b)`` for 2-D operands in one GEMM."""
-    if alpha == 1:
-        return torch.mm(a, b)
-    # With beta=0 addmm ignores its first argument (NaN/inf included), so a 1x1
-    # view of `a` serves as the broadcastable placeholder without allocating.
-    return torch.addmm(a[:1, :1], a, b, beta=0, alpha=alpha)
-
-
 def _bmm(a: Tensor, b: Tensor, alpha: float) -> Tensor:
     """``alpha * (a @ b)`` for 3-D operands in one batched GEMM."""
     if alpha == 1:
         return torch.bmm(a, b)
+    # With beta=0 baddbmm ignores its first argument (NaN/inf included), so a
+    # 1x1x1 view of `a` serves as the broadcastable placeholder without allocating.
     return torch.baddbmm(a[:1, :1, :1], a, b, beta=0, alpha=alpha)
 
 
@@ -51,12 +45,19 @@ class _ScaledLinearFn(Function):
         grad_input_scale: float,
         grad_weight_scale: float,
     ) -> Tensor:
-        x = input.reshape(-1, input.shape[-1])
-        if bias is None:
-            y = _mm(x, weight.t(), output_scale)
-        else:
+        # Kept flat (no helper calls): this runs for every linear layer, right after
+        # a GEMM has evicted the interpreter's data from cache, where each extra
+        # Python frame costs several times what it costs in a microbenchmark.
+        # With beta=0 addmm ignores its first argument (NaN/inf included), so a
+        # 1x1 view of an operand serves as the placeholder without allocating.
+        x = input if input.dim() == 2 else input.reshape(-1, input.shape[-1])
+        if bias is not None:
             y = torch.addmm(bias, x, weight.t(), beta=output_scale, alpha=output_scale)
-        return y.view(*input.shape[:-1], weight.shape[0])
+        elif output_scale == 1:
+            y = torch.mm(x, weight.t())
+        else:
+            y = torch.addmm(x[:1, :1], x, weight.t(), beta=0, alpha=output_scale)
+        return y if input.dim() == 2 else y.view(*input.shape[:-1], weight.shape[0])
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
@@ -71,14 +72,30 @@ class _ScaledLinearFn(Function):
     ) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None, None]:
         input, weight = ctx.saved_tensors
         grad_input_scale, grad_weight_scale = ctx.scales
-        g = grad_output.reshape(-1, grad_output.shape[-1])
+        needs_input, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        flat = grad_output.dim() == 2
+        g = grad_output if flat else grad_output.reshape(-1, grad_output.shape[-1])
         grad_input = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_input = _mm(g, weight, grad_input_scale).view(input.shape)
-        if ctx.needs_input_grad[1]:
-            x = input.reshape(-1, input.shape[-1])
-            grad_weight = _mm(g.t(), x, grad_weight_scale)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+        # As in forward: alpha=1 takes mm, anything else addmm with beta=0.
+        if needs_input:
+            if grad_input_scale == 1:
+                grad_input = torch.mm(g, weight)
+            else:
+                grad_input = torch.addmm(
+                    g[:1, :1], g, weight, beta=0, alpha=grad_input_scale
+                )
+            if not flat:
+                grad_input = grad_input.view(input.shape)
+        if needs_weight:
+            x = input if flat else input.reshape(-1, input.shape[-1])
+            gt = g.t()
+            if grad_weight_scale == 1:
+                grad_weight = torch.mm(gt, x)
+            else:
+                grad_weight = torch.addmm(
+                    gt[:1, :1], gt, x, beta=0, alpha=grad_weight_scale
+                )
+        if ctx.has_bias and needs_bias:
             grad_bias = g.sum(0).mul_(grad_weight_scale)
         return grad_input, grad_weight, grad_bias, None, None, None
 
@@ -163,21 +180,46 @@ def linear(
         >>> round(y.std().item(), 1)
         1.0
     """
+    if (
+        weight.dim() != 2
+        or input.dim() == 0
+        or input.shape[-1] != weight.shape[1]
+        or (bias is not None and bias.shape != weight.shape[:1])
+    ):
+        _check_linear_args("linear", input, weight, bias)
+    if type(scale_power) is not tuple:
+        scale_power = tuple(scale_power)  # type: ignore[assignment]
+    fan_out, fan_in = weight.shape[0], weight.shape[1]
+    scales = (
+        _linear_scales if not torch.compiler.is_compiling() else _compute_linear_scales
+    )(constraint, scale_power, fan_out, fan_in, input.numel() // fan_in)
+    if torch._C._is_any_autocast_enabled():
+        input, weight, bias = cast(
+            tuple[Tensor, Tensor, Tensor | None], autocast_inputs(input, weight, bias)
+        )
+    out: Tensor = _ScaledLinearFn.apply(input, weight, bias, *scales)
+    return out
+
+
+def _compute_linear_scales(
+    constraint: str | None,
+    scale_power: tuple[float, float, float],
+    fan_out: int,
+    fan_in: int,
+    batch: int,
+) -> tuple[float, float, float]:
+    """``(output, grad_input, grad_weight)`` scales of :func:`linear`."""
     validate_constraint(constraint)
-    _check_linear_args("linear", input, weight, bias)
-    fan_out, fan_in = weight.shape
-    batch = input.numel() // fan_in
     output_scale, grad_input_scale = apply_constraint(
         constraint, fan_in ** -scale_power[0], fan_out ** -scale_power[1]
     )
-    grad_weight_scale = max(batch, 1) ** -scale_power[2]
-    input, weight, bias = cast(
-        tuple[Tensor, Tensor, Tensor | None], autocast_inputs(input, weight, bias)
-    )
-    out: Tensor = _ScaledLinearFn.apply(
-        input, weight, bias, output_scale, grad_input_scale, grad_weight_scale
-    )
-    return out
+    return output_scale, grad_input_scale, max(batch, 1) ** -scale_power[2]
+
+
+# Memoised for eager mode, where a model calls `linear` with a handful of distinct
+# shapes many times. Under torch.compile the computation is traced instead (Dynamo
+# warns about lru_cache) and folded into the graph as constants.
+_linear_scales = functools.lru_cache(maxsize=4096)(_compute_linear_scales)
 
 
 def linear_readout(

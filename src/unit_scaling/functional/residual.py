@@ -231,6 +231,7 @@ def residual_apply(
         >>> y.shape
         torch.Size([4, 8])
     """
-    residual, skip = residual_split(input, tau)
-    out: Tensor = fn(residual)
-    return residual_add(out, skip, tau)
+    skip_weight = _skip_weight(tau)
+    residual, skip = _ResidualSplitFn.apply(input, tau, skip_weight)
+    out: Tensor = _ResidualAddFn.apply(fn(residual), skip, tau, skip_weight)
+    return out
