@@ -1,0 +1,53 @@
+"""The training-step benchmark runs, in one process and across fresh processes.
+
+Timings are not asserted (they belong to ``make bench``); the table's shape and
+the aggregation over processes are.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+
+
+def test_train_step_over_processes_reports_median_and_range() -> None:
+    command = [sys.executable, "-m", "benchmarks.train_step", "--rounds", "1"]
+    command += ["--no-compile", "--processes", "2"]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, check=True, timeout=600
+    )
+    lines = done.stdout.splitlines()
+    assert "medians over 2 processes" in lines[0]
+    assert "ratio range" in lines[1]
+    ratio, low, high = _ratios(lines, "train step, eager")
+    assert low <= ratio <= high
+    assert 0.5 < ratio < 2  # both models ran the same work
+    # Peak memory does not depend on timing: it is the same in every process and
+    # within its target.
+    ratio, low, high = _ratios(lines, "peak memory")
+    assert ratio == low == high
+    assert 1 <= ratio <= 1.05
+    assert not any(line.startswith("train step, compiled") for line in lines)
+
+
+def _ratios(lines: list[str], label: str) -> tuple[float, float, float]:
+    """``(ratio, lowest, highest)`` from the row starting with ``label``."""
+    row = next(line for line in lines if line.startswith(label))
+    found = re.search(r"(\d\.\d+)\s+(\d\.\d+)–(\d\.\d+)", row)
+    assert found is not None, row
+    ratio, low, high = map(float, found.groups())
+    return ratio, low, high
+
+
+def test_train_step_rejects_no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import train_step
+
+    with pytest.raises(ValueError, match="processes=0"):
+        train_step.run(rounds=1, compiled=False, processes=0)
