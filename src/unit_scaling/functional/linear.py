@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
@@ -189,11 +189,11 @@ def linear(
         _check_linear_args("linear", input, weight, bias)
     if type(scale_power) is not tuple:
         scale_power = tuple(scale_power)  # type: ignore[assignment]
-    fan_out, fan_in = weight.shape[0], weight.shape[1]
+    shape = (weight.shape[0], weight.shape[1], input.numel() // weight.shape[1])
     scales = (
         _linear_scales if not torch.compiler.is_compiling() else _compute_linear_scales
-    )(constraint, scale_power, fan_out, fan_in, input.numel() // fan_in)
-    if torch._C._is_any_autocast_enabled():
+    )(constraint, scale_power, *shape)
+    if _any_autocast_enabled():
         input, weight, bias = cast(
             tuple[Tensor, Tensor, Tensor | None], autocast_inputs(input, weight, bias)
         )
@@ -220,6 +220,11 @@ def _compute_linear_scales(
 # shapes many times. Under torch.compile the computation is traced instead (Dynamo
 # warns about lru_cache) and folded into the graph as constants.
 _linear_scales = functools.lru_cache(maxsize=4096)(_compute_linear_scales)
+# One C call when autocast is off (the usual case); where torch lacks it, always
+# take the general path in autocast_inputs.
+_any_autocast_enabled: Callable[[], bool] = getattr(
+    torch._C, "_is_any_autocast_enabled", lambda: True
+)
 
 
 def linear_readout(
