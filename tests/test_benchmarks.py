@@ -51,3 +51,50 @@ def test_train_step_rejects_no_processes(monkeypatch: pytest.MonkeyPatch) -> Non
 
     with pytest.raises(ValueError, match="processes=0"):
         train_step.run(rounds=1, compiled=False, processes=0)
+
+
+def test_eager_gap_swaps_are_restored_and_change_the_ops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    import torch
+
+    import unit_scaling as uu
+    import unit_scaling.functional as U
+    from benchmarks import eager_gap
+
+    original = (uu.Linear.forward, U.residual_apply, U.silu_glu, uu.RMSNorm.forward)
+    torch.manual_seed(0)
+    model = uu.TransformerDecoder(32, 256, layers=2, heads=2)
+    batch = torch.randint(256, (2, 9))
+    loss = model.loss(batch)
+    with eager_gap.swapped(tuple(eager_gap.SWAPS)):
+        assert uu.Linear.forward is not original[0]
+        swapped_loss = model.loss(batch)
+        # The swapped model is plain torch inside: no u-μP scales, other numbers.
+        assert not torch.allclose(swapped_loss, loss)
+    assert (uu.Linear.forward, U.residual_apply, U.silu_glu, uu.RMSNorm.forward) == (
+        original
+    )
+    assert torch.equal(model.loss(batch), loss)
+    with (
+        pytest.raises(ValueError, match="unknown swap groups"),
+        eager_gap.swapped(("linear", "bogus")),
+    ):
+        pass
+    with pytest.raises(ValueError, match="unknown configs"):
+        eager_gap.run(rounds=1, processes=1, configs=["bogus"])
+
+
+def test_eager_gap_reports_each_configuration() -> None:
+    command = [sys.executable, "-m", "benchmarks.eager_gap", "--rounds", "1"]
+    command += ["--processes", "1", "--configs", "u-μP as is", "plain linear"]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, check=True, timeout=600
+    )
+    lines = done.stdout.splitlines()
+    assert "medians over 1 process of" in lines[0]
+    for label in ("u-μP as is", "plain linear"):
+        row = next(line for line in lines if line.startswith(label))
+        ratio = float(row[len(label) :].split()[0])
+        assert 0.5 < ratio < 2  # both models ran the same work
