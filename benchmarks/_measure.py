@@ -7,9 +7,14 @@ affects them alike; we report medians.
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -83,3 +88,17 @@ def table(rows: list[tuple[str, ...]], headers: tuple[str, ...]) -> str:
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def json_from_subprocess(module: str, *args: str) -> Any:
+    """The JSON on the last stdout line of ``python -m module *args``, run in a
+    fresh interpreter from the repository root."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])

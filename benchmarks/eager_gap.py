@@ -17,10 +17,7 @@ import argparse
 import contextlib
 import json
 import statistics
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -30,7 +27,7 @@ from torch import Tensor
 import unit_scaling as uu
 import unit_scaling.functional as U
 
-from ._measure import table
+from ._measure import json_from_subprocess, table
 
 
 def _plain_linear(self: uu.Linear, input: Tensor) -> Tensor:
@@ -133,11 +130,8 @@ def run(rounds: int = 30, processes: int = 2, configs: list[str] | None = None) 
 
 
 def _ratio_in_subprocess(config: str, rounds: int) -> float:
-    command = [sys.executable, "-m", "benchmarks.eager_gap", "--json", config]
-    command += ["--rounds", str(rounds)]
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(command, cwd=root, capture_output=True, text=True, check=True)
-    ratio: float = json.loads(done.stdout.strip().splitlines()[-1])
+    args = ("--json", config, "--rounds", str(rounds))
+    ratio: float = json_from_subprocess("benchmarks.eager_gap", *args)
     return ratio
 
 

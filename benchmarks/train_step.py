@@ -11,10 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -22,7 +19,13 @@ from torch import Tensor, nn
 import unit_scaling as uu
 from unit_scaling.baseline import StandardTransformerDecoder
 
-from ._measure import interleaved_times, paired_ratio, peak_memory_bytes, table
+from ._measure import (
+    interleaved_times,
+    json_from_subprocess,
+    paired_ratio,
+    peak_memory_bytes,
+    table,
+)
 
 HIDDEN, VOCAB, LAYERS, HEADS = 256, 256, 4, 4
 BATCH, SEQ = 8, 128
@@ -138,12 +141,10 @@ def run(rounds: int = 40, compiled: bool = True, processes: int = 1) -> str:
 
 
 def _measure_in_subprocess(rounds: int, compiled: bool) -> dict[str, list[float]]:
-    """:func:`measure` in a fresh interpreter (its last stdout line is JSON)."""
-    command = [sys.executable, "-m", "benchmarks.train_step", "--json"]
-    command += ["--rounds", str(rounds), *([] if compiled else ["--no-compile"])]
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(command, cwd=root, capture_output=True, text=True, check=True)
-    result: dict[str, list[float]] = json.loads(done.stdout.strip().splitlines()[-1])
+    """:func:`measure` in a fresh interpreter."""
+    args = ["--json", "--rounds", str(rounds), *([] if compiled else ["--no-compile"])]
+    module = "benchmarks.train_step"  # not __name__: that is "__main__" when run
+    result: dict[str, list[float]] = json_from_subprocess(module, *args)
     return result
 
 
