@@ -237,7 +237,19 @@ def test_missing_lr_is_an_error() -> None:
         scaled_parameters(given, lr_scale_func_adam)
 
 
-@pytest.mark.parametrize("shape", [(2, 2, 2, 2), ()])
+@pytest.mark.parametrize(
+    ("shape", "fan_in"),
+    [((8, 3, 5), 15), ((16, 4, 3, 3), 36), ((16, 4, 3, 3, 2), 72), ((4,), 4)],
+)
+def test_fan_in_of_conv_weights_is_all_but_the_first_dim(
+    shape: tuple[int, ...], fan_in: int
+) -> None:
+    p = Parameter(torch.zeros(shape), "weight")
+    assert lr_scale_func_adam(p) == pytest.approx(fan_in**-0.5)
+    assert lr_scale_func_sgd("to_output_scale")(p) == pytest.approx(fan_in**0.5)
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2, 2, 2, 2), ()])
 def test_fan_in_of_unsupported_rank_is_an_error(shape: tuple[int, ...]) -> None:
     p = Parameter(torch.zeros(shape), "weight")
     with pytest.raises(ValueError, match=re.escape(f"shape {shape}")):

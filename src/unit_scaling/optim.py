@@ -86,13 +86,12 @@ def _require_tags(param: Tensor) -> ParameterData:
 def _fan_in(shape: torch.Size) -> int:
     if len(shape) == 1:
         return shape[0]
-    if len(shape) == 2:
-        return shape[1]
-    if len(shape) == 3:
-        return shape[1] * shape[2]
+    if 2 <= len(shape) <= 5:  # (out, in) and conv weights (out, in, *kernel)
+        return math.prod(shape[1:])
     raise ValueError(
         f"cannot infer the fan-in of a parameter of shape {tuple(shape)}: u-μP "
-        "rules support 1-D, 2-D (out, in) and 3-D (out, in, kernel) parameters"
+        "rules support 1-D, 2-D (out, in) and 3-D to 5-D (out, in, *kernel) "
+        "parameters"
     )
 
 
@@ -130,7 +129,8 @@ def lr_scale_func_adam(param: Tensor) -> float:
         \eta_{\text{bias}} = \eta_{\text{norm}} = \eta_{\text{output}} = L^{-1/2}
 
     with ``fan_in`` = ``shape[0]`` (1-D), ``shape[1]`` (2-D) or
-    ``shape[1]·shape[2]`` (3-D), and ``L`` = ``mup_scaling_depth`` (1 if unset).
+    ``prod(shape[1:])`` (3-D to 5-D convolution weights), and ``L`` =
+    ``mup_scaling_depth`` (1 if unset).
 
     Args:
         param: a tagged parameter.

@@ -356,8 +356,6 @@ def test_dropout_identity_cases_and_gradcheck() -> None:
         (lambda x: U.softmax(x, -1, constraint="x"), ValueError, "constraint='x'"),
         (lambda x: U.tanh(x, constraint="x"), ValueError, "constraint='x'"),
         (lambda x: U.sigmoid(x, constraint="x"), ValueError, "constraint='x'"),
-        (lambda x: U.relu(x, inplace=True), ValueError, "'inplace' argument"),
-        (lambda x: U.dropout(x, inplace=True), ValueError, "'inplace' argument"),
         (lambda x: U.dropout(x, p=1.5), ValueError, "p must be a probability"),
         (lambda x: U.silu_glu(x, x[:2]), ValueError, r"same shape.*\(4, 3\).*\(2, 3\)"),
     ],
@@ -392,3 +390,51 @@ def test_compile_fullgraph_matches_eager() -> None:
     torch.stack(outputs_ref).sum().backward()
     for t, t_ref in zip(inputs, inputs_ref, strict=True):
         torch.testing.assert_close(t.grad, t_ref.grad)
+
+
+def _seeded_dropout(t: Tensor, inplace: bool) -> Tensor:
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return U.dropout(t, 0.3, True, inplace)
+
+
+# Every function with torch's `inplace` argument, called positionally as in torch.
+INPLACE: dict[str, Callable[[Tensor, bool], Tensor]] = {
+    "relu": lambda t, inplace: U.relu(t, inplace),
+    "relu-unconstrained": lambda t, inplace: U.relu(t, inplace, constraint=None),
+    "silu": lambda t, inplace: U.silu(t, inplace),
+    "silu-mult": lambda t, inplace: U.silu(t, inplace, mult=2.0),
+    "silu-unconstrained": lambda t, inplace: U.silu(t, inplace, constraint=None),
+    "dropout": _seeded_dropout,
+}
+
+
+@pytest.mark.parametrize("name", sorted(INPLACE))
+def test_inplace_overwrites_input_with_the_same_result_and_gradient(
+    name: str,
+) -> None:
+    op = INPLACE[name]
+    x = randn(8, 33, seed=0)
+    x_ref = x.detach().clone().requires_grad_()
+    h = x * 1.0  # a non-leaf, which torch allows to be overwritten
+    y = op(h, True)
+    y_ref = op(x_ref * 1.0, False)
+    assert y is h
+    torch.testing.assert_close(h, y_ref, rtol=0, atol=0)
+    grad = unit_backward(y, seed=1)
+    y_ref.backward(grad)
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=0, atol=0)
+    if "unconstrained" not in name:  # the backward is the true gradient
+        x64 = randn(4, 5, dtype=torch.float64, seed=2)
+        assert torch.autograd.gradcheck(lambda t: op(t * 1.0, True), [x64])
+
+
+@pytest.mark.parametrize("name", sorted(INPLACE))
+def test_inplace_on_a_leaf_that_requires_grad_raises_like_torch(name: str) -> None:
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        INPLACE[name](randn(4, 3), True)
+    with torch.no_grad():
+        x = torch.randn(4, 3)
+        expected = INPLACE[name](x.clone(), False)
+        assert INPLACE[name](x, True) is x
+        torch.testing.assert_close(x, expected)

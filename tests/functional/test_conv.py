@@ -1,4 +1,4 @@
-"""Tests for the unit-scaled ``conv1d`` and ``conv2d``.
+"""Tests for the unit-scaled ``conv1d``, ``conv2d`` and ``conv3d``.
 
 Each case states its expected scales by hand from the rule
 ``alpha = (fan_in·K)^-½``, ``beta_x = (S·G / (fan_out·K))^½``,
@@ -79,6 +79,23 @@ CASES = [
         {"padding": 1},
         (144**-0.5, 288**-0.5, 2304**-0.5),
     ),
+    # 3x3x3 (3-D borders weigh more: pad to keep them to ~6%): fan_in·K = 8·27;
+    # fan_out·K = 16·27; L_out·N = 16³·2
+    Case(
+        "conv3d",
+        (2, 8, 16, 16, 16),
+        (16, 8, 3, 3, 3),
+        {"padding": 1},
+        (216**-0.5, 432**-0.5, 8192**-0.5),
+    ),
+    # stride (1, 2, 2), groups 2: fan_in = 4, S·G = 8; L_out·N = 16·8·8·4
+    Case(
+        "conv3d",
+        (4, 8, 16, 16, 16),
+        (16, 4, 3, 3, 3),
+        {"stride": (1, 2, 2), "padding": 1, "groups": 2},
+        (108**-0.5, (8 / 432) ** 0.5, 4096**-0.5),
+    ),
 ]
 CONSTRAINTS = [None, "to_output_scale", "to_grad_input_scale", "gmean", "amean"]
 
@@ -158,6 +175,15 @@ def test_conv_gradcheck() -> None:
         8**-0.5,
         [8**-0.5, 20**-0.5],
     )
+    # 3-D, stride 2: fan_in·K = 16, S/(fan_out·K) = 8/(2·8); L_out·N = 2·2·2·2
+    x, w, b = f64(2, 2, 4, 4, 4), f64(2, 2, 2, 2, 2), f64(2)
+    scales = (16**-0.5, 0.5**0.5, 16**-0.5)
+    assert gradcheck_scaled(
+        lambda x, w, b: U.conv3d(x, w, b, stride=2, constraint=None),
+        [x, w, b],
+        scales[0],
+        [scales[1], scales[2], scales[2]],
+    )
 
 
 @pytest.mark.parametrize(
@@ -166,6 +192,8 @@ def test_conv_gradcheck() -> None:
         ("conv1d", (2, 4, 8), (6, 4, 3, 3), {}, "weight of shape"),
         ("conv1d", (2, 5, 8), (6, 4, 3), {}, "C_in"),
         ("conv2d", (8,), (6, 4, 3, 3), {}, "input of shape"),
+        ("conv3d", (2, 4, 8, 8), (6, 4, 3, 3), {}, "3 spatial dims"),
+        ("conv3d", (2, 4, 8, 8, 8), (6, 4, 3, 3, 3), {"dilation": (1, 2)}, "dilation="),
         ("conv1d", (2, 4, 8), (6, 4, 3), {"padding": "full"}, "padding='full'"),
         ("conv2d", (2, 4, 8, 8), (6, 4, 3, 3), {"stride": (1, 2, 3)}, "stride="),
         (

@@ -1,10 +1,12 @@
-"""Tests for the unit-scaled ``layer_norm``, ``rms_norm`` and ``group_norm``.
+"""Tests for the unit-scaled ``layer_norm``, ``rms_norm``, ``group_norm``,
+``batch_norm`` and ``instance_norm``.
 
 The affine-gradient scale ``(group numel / numel)^½`` is restated here, not
 imported. Tolerances: the RMS of ``N`` unit-variance samples has relative standard
 deviation about ``1/sqrt(2N)``. Activations here have ``N >= 16384`` (``rtol=0.1``
 is > 18σ); affine gradients have ``N >= 512`` elements, each a sum of >= 64 terms
-(close to Gaussian), so ``rtol=0.2`` is > 6σ.
+(close to Gaussian), so ``rtol=0.2`` is > 6σ; the per-channel affine gradients
+of ``batch_norm``/``instance_norm`` have 256 elements, so ``rtol=0.3`` is > 6σ.
 """
 
 from __future__ import annotations
@@ -138,3 +140,86 @@ def test_group_norm_rejects_bad_groups(num_groups: int) -> None:
         U.group_norm(randn(2, 8, 4), num_groups)
     with pytest.raises(ValueError, match="num_groups"):
         U.group_norm(randn(8), 2)
+
+
+# --- batch_norm and instance_norm ---------------------------------------------------
+
+CHANNEL_NORM_SHAPES = [(64, 256), (16, 256, 64), (8, 256, 8, 8)]
+
+
+@pytest.mark.parametrize("shape", CHANNEL_NORM_SHAPES, ids=str)
+@pytest.mark.parametrize(
+    ("op", "training"),
+    [("batch_norm", True), ("batch_norm", False), ("instance_norm", True)],
+)
+def test_channel_norms_match_torch_with_scaled_affine_grads(
+    op: str, training: bool, shape: tuple[int, ...]
+) -> None:
+    if op == "instance_norm" and len(shape) == 2:
+        pytest.skip("instance norm needs spatial dims")
+    channels = shape[1]
+    x = randn(*shape, seed=1)
+    weight, bias = _affine((channels,))
+    stats = [torch.zeros(channels), torch.ones(channels)]
+    stats_ref = [t.clone() for t in stats]
+    args = (*stats, weight, bias, training, 0.3, 1e-4)
+    y = getattr(U, op)(x, *args)
+    grad = unit_backward(y)
+
+    x_ref = x.detach().requires_grad_()
+    w_ref, b_ref = _affine((channels,))
+    y_ref = getattr(F, op)(x_ref, *stats_ref, w_ref, b_ref, training, 0.3, 1e-4)
+    y_ref.backward(grad)
+
+    scale = (channels / x.numel()) ** 0.5
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    torch.testing.assert_close(weight.grad, scale * w_ref.grad)
+    torch.testing.assert_close(bias.grad, scale * b_ref.grad)
+    # Running statistics were updated in place exactly as torch updates them.
+    for ours, theirs in zip(stats, stats_ref, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    if training:
+        assert_unit_scale(y, name="output")
+        assert_unit_scale(x.grad, name="input grad")
+        assert_unit_scale(weight.grad, rtol=0.3, name="weight grad")
+        assert_unit_scale(bias.grad, rtol=0.3, name="bias grad")
+        assert not torch.equal(stats[0], torch.zeros(channels))
+
+
+def test_batch_norm_eval_uses_running_stats_and_none_stats_use_the_batch() -> None:
+    x = randn(16, 4, 5, seed=0)
+    mean, var = torch.randn(4), torch.rand(4) + 0.5
+    torch.testing.assert_close(
+        U.batch_norm(x, mean, var), F.batch_norm(x, mean, var), rtol=0, atol=0
+    )
+    torch.testing.assert_close(
+        U.batch_norm(x, None, None, training=True),
+        F.batch_norm(x, None, None, training=True),
+    )
+    torch.testing.assert_close(U.instance_norm(x), F.instance_norm(x))
+    y = U.instance_norm(x, mean, var, use_input_stats=False)
+    torch.testing.assert_close(y, F.instance_norm(x, mean, var, use_input_stats=False))
+
+
+def test_channel_norms_gradcheck() -> None:
+    x, w, b = _f64(4, 3, 5), _f64(3), _f64(3)
+    s = (3 / 60) ** 0.5
+    assert gradcheck_scaled(
+        lambda x, w, b: U.batch_norm(x, None, None, w, b, training=True),
+        [x, w, b],
+        1.0,
+        [1.0, s, s],
+    )
+    assert gradcheck_scaled(
+        lambda x, w, b: U.instance_norm(x, weight=w, bias=b),
+        [x, w, b],
+        1.0,
+        [1.0, s, s],
+    )
+
+
+@pytest.mark.parametrize("op", ["batch_norm", "instance_norm"])
+def test_channel_norms_reject_input_without_channels(op: str) -> None:
+    with pytest.raises(ValueError, match=r"expected input of shape \(N, C, \*\)"):
+        getattr(U, op)(randn(8), None, None)

@@ -25,6 +25,7 @@ def _model(
     x: Tensor, w: Tensor, x3: Tensor, idx: Tensor, target: Tensor
 ) -> list[Tensor]:
     """One call per mapped function, in the order of ``RECORDED``."""
+    img, vol = x3.unsqueeze(0), x3.reshape(1, 2, 2, 4, 8)
     return [
         F.linear(x, w),
         torch.matmul(x, w),
@@ -33,6 +34,10 @@ def _model(
         torch.einsum("ij,jk->ik", x, w),
         F.conv1d(x3, w[:8, :8].unsqueeze(-1)),
         F.conv2d(x3.unsqueeze(0), w[:, :2, None, None]),
+        F.conv3d(vol, w[:, :2, None, None, None]),
+        F.conv_transpose1d(x3, w[:, :, None]),
+        F.conv_transpose2d(img, w[:2, :, None, None]),
+        F.conv_transpose3d(vol, w[:2, :, None, None, None]),
         F.gelu(x),
         F.silu(x),
         F.relu(x),
@@ -48,7 +53,26 @@ def _model(
         F.layer_norm(x, (8,)),
         F.rms_norm(x, (8,)),
         F.group_norm(x3, 2),
+        F.batch_norm(x3, None, None, training=True),
+        F.instance_norm(x3),
         F.embedding(idx, w),
+        F.avg_pool1d(x3, 2),
+        F.avg_pool2d(img, 2),
+        F.avg_pool3d(vol, 2),
+        F.max_pool1d(x3, 2),
+        F.max_pool2d(img, 2),
+        F.max_pool3d(vol, 2),
+        F.adaptive_avg_pool1d(x3, 2),
+        F.adaptive_avg_pool2d(img, 2),
+        F.adaptive_avg_pool3d(vol, 2),
+        F.adaptive_max_pool1d(x3, 2),
+        F.adaptive_max_pool2d(img, 2),
+        F.adaptive_max_pool3d(vol, 2),
+        F.interpolate(img, scale_factor=2.0, mode="bilinear"),
+        torch.index_add(w, 0, idx, w[:4]),
+        torch.scatter_add(w, 0, idx[:, None].expand(4, 8), w[:4]),
+        torch.gather(w, 0, idx[:, None].expand(4, 8)),
+        torch.index_select(w, 0, idx),
         F.cross_entropy(x, target),
         F.mse_loss(x, w),
         torch.add(x, w),
@@ -63,6 +87,10 @@ RECORDED: list[Callable[..., Any]] = [
     torch.einsum,
     F.conv1d,
     F.conv2d,
+    F.conv3d,
+    F.conv_transpose1d,
+    F.conv_transpose2d,
+    F.conv_transpose3d,
     F.gelu,
     F.silu,
     F.relu,
@@ -78,7 +106,26 @@ RECORDED: list[Callable[..., Any]] = [
     F.layer_norm,
     torch.rms_norm,  # F.rms_norm is recorded as the torch builtin
     F.group_norm,
+    F.batch_norm,
+    F.instance_norm,
     F.embedding,
+    F.avg_pool1d,
+    F.avg_pool2d,
+    F.avg_pool3d,
+    F.max_pool1d,  # torch's return_indices dispatchers, recorded as they are
+    F.max_pool2d,
+    F.max_pool3d,
+    F.adaptive_avg_pool1d,
+    F.adaptive_avg_pool2d,
+    F.adaptive_avg_pool3d,
+    F.adaptive_max_pool1d,
+    F.adaptive_max_pool2d,
+    F.adaptive_max_pool3d,
+    F.interpolate,
+    torch.index_add,
+    torch.scatter_add,
+    torch.gather,
+    torch.index_select,
     F.cross_entropy,
     F.mse_loss,
     torch.add,
@@ -145,6 +192,22 @@ CALLS: list[
     (torch.rms_norm, lambda t: (t["x"], (16,), None, None)),
     (F.group_norm, lambda t: (t["x3"], 4, t["b"], t["b"], 1e-5)),
     (F.embedding, lambda t: (t["idx"], t["w"], 0)),
+    (F.conv3d, lambda t: (t["img"][None], t["w"][:, :2, None, None, None], None, 1)),
+    (
+        F.conv_transpose2d,
+        lambda t: (t["img"], t["w"][:, :4, None, None], None, 2, 0, 1, 4, 1),
+    ),
+    (F.batch_norm, lambda t: (t["x3"], None, None, t["b"], t["b"], True, 0.1, 1e-5)),
+    (F.instance_norm, lambda t: (t["x3"], None, None, t["b"], t["b"], True)),
+    (F.avg_pool2d, lambda t: (t["img"], 3, 2, 1, True, False, None)),
+    (F.max_pool2d, lambda t: (t["img"], 3, 2, 1, 1, True)),
+    (F.max_pool1d, lambda t: (t["x3"], 2, None, 0, 1, False, True)),
+    (F.adaptive_max_pool2d, lambda t: (t["img"], (3, None), True)),
+    (F.interpolate, lambda t: (t["img"], None, 1.5, "bicubic", True, True, False)),
+    (torch.index_add, lambda t: (t["w"], 0, t["idx"][0], t["w"][:5])),
+    (torch.gather, lambda t: (t["w"], 1, t["idx"])),
+    (torch.index_select, lambda t: (t["w"], 1, t["idx"][0])),
+    (torch.softmax, lambda t: (t["x"], -1, torch.float64)),
     (torch.add, lambda t: (t["x"], t["b"])),
 ]
 
@@ -157,7 +220,11 @@ def test_mapped_functions_accept_torch_call_signatures(
     make_args: Callable[[dict[str, Tensor]], tuple[Any, ...]],
 ) -> None:
     args = make_args(_tensors())
-    assert torch_map[torch_fn](*args).shape == torch_fn(*args).shape
+    out, expected = torch_map[torch_fn](*args), torch_fn(*args)
+    if isinstance(expected, tuple):  # (output, indices)
+        assert torch.equal(out[1], expected[1])
+        out, expected = out[0], expected[0]
+    assert out.shape == expected.shape and out.dtype == expected.dtype
 
 
 def test_add_keyword_alpha_as_torch_records_it() -> None:

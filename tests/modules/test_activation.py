@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 import unit_scaling as uu
 import unit_scaling.functional as U
@@ -38,9 +38,12 @@ def _assert_same(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> None:
         ({}, lambda x: U.gelu(x)),
         (
             {"approximate": "tanh", "mult": 3.0, "constraint": None},
-            lambda x: U.gelu(x, 3.0, None, "tanh"),
+            lambda x: U.gelu(x, "tanh", 3.0, None),
         ),
-        ({"mult": 0.5, "constraint": "gmean"}, lambda x: U.gelu(x, 0.5, "gmean")),
+        (
+            {"mult": 0.5, "constraint": "gmean"},
+            lambda x: U.gelu(x, mult=0.5, constraint="gmean"),
+        ),
     ],
 )
 def test_gelu_calls_functional(kwargs: dict, fn: Callable[[Tensor], Tensor]) -> None:
@@ -52,7 +55,7 @@ def test_gelu_calls_functional(kwargs: dict, fn: Callable[[Tensor], Tensor]) -> 
     ("kwargs", "fn"),
     [
         ({}, lambda x: U.silu(x)),
-        ({"mult": 2.0, "constraint": None}, lambda x: U.silu(x, 2.0, None)),
+        ({"mult": 2.0, "constraint": None}, lambda x: U.silu(x, False, 2.0, None)),
     ],
 )
 def test_silu_calls_functional(kwargs: dict, fn: Callable[[Tensor], Tensor]) -> None:
@@ -129,6 +132,22 @@ def test_dropout_eval_is_identity() -> None:
     assert torch.equal(x.grad, grad)
 
 
-def test_dropout_inplace_raises() -> None:
-    with pytest.raises(ValueError, match="inplace"):
-        uu.Dropout(0.1, inplace=True)
+@pytest.mark.parametrize(
+    ("module", "fn"),
+    [
+        (uu.Dropout(0.3, inplace=True), lambda x: U.dropout(x, 0.3)),
+        (uu.SiLU(inplace=True, mult=2.0), lambda x: U.silu(x, mult=2.0)),
+    ],
+    ids=["dropout", "silu"],
+)
+def test_inplace_modules_overwrite_their_input(
+    module: nn.Module, fn: Callable[[Tensor], Tensor]
+) -> None:
+    x = randn(16, 32, seed=0)
+    h, h_ref = x * 1.0, x.detach() * 1.0  # non-leaf, so it may be overwritten
+    torch.manual_seed(7)
+    y = module(h)
+    torch.manual_seed(7)
+    y_ref = fn(h_ref)
+    assert y is h and torch.equal(h, y_ref)
+    assert "inplace=True" in repr(module)

@@ -1,4 +1,4 @@
-"""Tests for the unit-scaled linear layers: ``Linear``, ``LinearReadout``, ``Conv1d``.
+"""Tests for the unit-scaled linear layers: ``Linear`` and ``LinearReadout``.
 
 Each module must be a thin wrapper: its output and gradients equal those of its
 ``U.*`` function called with the module's own parameters and settings. Weights are
@@ -138,53 +138,3 @@ def test_linear_readout_calls_functional() -> None:
     for a, b in zip(g_mod, g_fn, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert layer.bias.mup_type == "bias"
-
-
-# --- Conv1d ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {},
-        {"stride": 2, "padding": 1, "dilation": 2, "groups": 2, "bias": True},
-        {"padding": "same", "constraint": None},
-    ],
-)
-def test_conv1d_calls_functional(kwargs: dict) -> None:
-    conv = uu.Conv1d(8, 12, 3, **kwargs)
-    if conv.bias is not None:
-        nn.init.normal_(conv.bias)
-    x = randn(4, 8, 20, seed=0)
-    params = [conv.weight] + ([conv.bias] if conv.bias is not None else [])
-    fn_kwargs = {k: v for k, v in kwargs.items() if k != "bias"}
-    y_mod, g_mod = _run(lambda x, *p: conv(x), x, *params)
-    y_fn, g_fn = _run(
-        lambda x, *p: U.conv1d(x, conv.weight, conv.bias, **fn_kwargs), x, *params
-    )
-    torch.testing.assert_close(y_mod, y_fn, rtol=0, atol=0)
-    for a, b in zip(g_mod, g_fn, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-
-
-def test_conv1d_matches_f_conv1d_times_fan_in_power() -> None:
-    conv = uu.Conv1d(8, 16, 3, padding=1)
-    x = randn(2, 8, 10, seed=0)
-    expected = F.conv1d(x, conv.weight, padding=1) * (8 * 3) ** -0.5
-    torch.testing.assert_close(conv(x), expected, rtol=1e-5, atol=1e-6)
-
-
-def test_conv1d_init_and_tags() -> None:
-    conv = uu.Conv1d(32, 64, 5, bias=True)
-    _assert_unit_init(conv.weight)
-    assert conv.weight.mup_type == "weight" and conv.bias.mup_type == "bias"
-    assert conv.weight.mup_scaling_depth is None
-    assert torch.count_nonzero(conv.bias) == 0
-    assert uu.Conv1d(2, 2, 1).bias is None
-    conv.reset_parameters()
-    assert isinstance(conv.weight, uu.Parameter) and conv.weight.mup_type == "weight"
-
-
-def test_conv1d_rejects_padding_mode() -> None:
-    with pytest.raises(ValueError, match="padding_mode='reflect'"):
-        uu.Conv1d(4, 4, 3, padding=1, padding_mode="reflect")

@@ -1,12 +1,18 @@
-"""Tests for the unit-scaled normalisation layers: ``LayerNorm``, ``RMSNorm``.
+"""Tests for the unit-scaled normalisation layers: ``LayerNorm``, ``RMSNorm``,
+``GroupNorm``, ``BatchNorm{1,2,3}d`` and ``InstanceNorm{1,2,3}d``.
 
-Both default to ``elementwise_affine=False`` (no parameters); with affine
-parameters the gain is tagged ``"norm"`` (initialised to ones) and the bias
-``"bias"`` (zeros), and the module equals ``U.layer_norm`` / ``U.rms_norm`` called
-with them, gradients included (which is where the unit scaling lives).
+``LayerNorm``/``RMSNorm`` default to ``elementwise_affine=False`` (no
+parameters); the others are affine as in torch. Gains are tagged ``"norm"``
+(initialised to ones) and biases ``"bias"`` (zeros), and each module equals its
+``U.*`` function called with them, gradients included (which is where the unit
+scaling lives); the batch and instance norms also keep torch's module logic
+(running statistics, momentum, train/eval), checked against torch's modules.
 """
 
 from __future__ import annotations
+
+import copy
+import math
 
 import pytest
 import torch
@@ -115,3 +121,106 @@ def test_affine_gradients_are_unit_scaled() -> None:
         unit_backward(norm(x), seed=1)
         rms = norm.weight.grad.pow(2).mean().sqrt().item()
         assert 0.5 < rms < 2, f"{type(norm).__name__}: weight grad RMS {rms}"
+
+
+# --- BatchNorm, InstanceNorm, GroupNorm ---------------------------------------------
+
+CHANNEL_NORMS = [
+    (uu.BatchNorm1d, (16, 8, 5)),
+    (uu.BatchNorm1d, (16, 8)),
+    (uu.BatchNorm2d, (8, 8, 4, 4)),
+    (uu.BatchNorm3d, (4, 8, 3, 3, 3)),
+    (uu.InstanceNorm1d, (4, 8, 12)),
+    (uu.InstanceNorm1d, (8, 12)),  # unbatched
+    (uu.InstanceNorm2d, (4, 8, 6, 6)),
+    (uu.InstanceNorm3d, (2, 8, 3, 4, 5)),
+]
+
+
+def _torch_twin(norm: nn.Module) -> nn.Module:
+    """The plain torch module with the same settings, parameters and buffers."""
+    twin = getattr(nn, type(norm).__name__)(
+        norm.num_features,
+        norm.eps,
+        norm.momentum,
+        norm.affine,
+        norm.track_running_stats,
+    )
+    twin.load_state_dict(norm.state_dict())
+    return twin
+
+
+@pytest.mark.parametrize("momentum", [0.3, None])
+@pytest.mark.parametrize("settings", [(True, True), (False, False), (True, False)])
+@pytest.mark.parametrize(("cls", "shape"), CHANNEL_NORMS, ids=str)
+def test_channel_norm_modules_follow_torch_modules(
+    cls: type[nn.Module],
+    shape: tuple[int, ...],
+    settings: tuple[bool, bool],
+    momentum: float | None,
+) -> None:
+    """Same outputs, input gradients and running statistics as torch's module in
+    training and evaluation; affine gradients scaled by ``(C / numel)^½``."""
+    affine, track = settings
+    if momentum is None and cls.__name__.startswith("Instance"):
+        momentum = 0.1  # torch's instance norms take no None momentum
+    norm = cls(8, eps=1e-3, momentum=momentum, affine=affine, track_running_stats=track)
+    if affine:
+        nn.init.normal_(norm.weight)
+        nn.init.normal_(norm.bias)
+        assert (norm.weight.mup_type, norm.bias.mup_type) == ("norm", "bias")
+    twin = _torch_twin(norm)
+    for mode in ("train", "train", "eval"):
+        norm.train(mode == "train")
+        twin.train(mode == "train")
+        x = randn(*shape, seed=len(mode))
+        x_ref = x.detach().requires_grad_()
+        y, y_ref = norm(x), twin(x_ref)
+        torch.testing.assert_close(y, y_ref)
+        grad = unit_backward(y, seed=3)
+        y_ref.backward(grad)
+        torch.testing.assert_close(x.grad, x_ref.grad)
+        for name, buffer in twin.named_buffers():
+            torch.testing.assert_close(getattr(norm, name), buffer, rtol=0, atol=1e-7)
+    if affine:
+        scale = (8 / math.prod(shape)) ** 0.5
+        torch.testing.assert_close(norm.weight.grad, scale * twin.weight.grad)
+        torch.testing.assert_close(norm.bias.grad, scale * twin.bias.grad)
+
+
+def test_channel_norm_defaults_match_torch() -> None:
+    assert uu.BatchNorm2d(4).weight.mup_type == "norm"  # affine by default
+    assert uu.BatchNorm2d(4).running_mean is not None
+    assert uu.InstanceNorm2d(4).weight is None  # not affine by default
+    assert uu.InstanceNorm2d(4).running_mean is None
+    norm = uu.GroupNorm(2, 8)
+    assert (norm.weight.mup_type, norm.bias.mup_type) == ("norm", "bias")
+    assert torch.equal(norm.weight.detach(), torch.ones(8))
+    assert list(uu.GroupNorm(2, 8, affine=False).parameters()) == []
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_group_norm_calls_functional(affine: bool) -> None:
+    norm = uu.GroupNorm(4, 8, eps=1e-3, affine=affine)
+    params: list[Tensor] = []
+    if affine:
+        nn.init.normal_(norm.weight)
+        nn.init.normal_(norm.bias)
+        params = [norm.weight, norm.bias]
+    x = randn(5, 8, 6, seed=0)
+    _assert_same(
+        _run(lambda x, *p: norm(x), x, *params),
+        _run(
+            lambda x, *p: U.group_norm(x, 4, norm.weight, norm.bias, eps=1e-3),
+            x,
+            *params,
+        ),
+    )
+
+
+def test_channel_norms_keep_tags_through_copies() -> None:
+    norm = uu.BatchNorm1d(4)
+    clone = copy.deepcopy(norm)
+    assert clone.weight.mup_type == "norm" and clone.bias.mup_type == "bias"
+    norm.reset_parameters()
+    assert norm.weight.mup_type == "norm"

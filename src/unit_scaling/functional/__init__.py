@@ -11,30 +11,72 @@ Conventionally imported as ``import unit_scaling.functional as U``.
 
 from ._torch_map import torch_map
 from .activations import dropout, gelu, relu, sigmoid, silu, silu_glu, softmax, tanh
+from .adaptive_pooling import (
+    adaptive_avg_pool1d,
+    adaptive_avg_pool2d,
+    adaptive_avg_pool3d,
+    adaptive_max_pool1d,
+    adaptive_max_pool2d,
+    adaptive_max_pool3d,
+)
 from .attention import scaled_dot_product_attention
-from .conv import conv1d, conv2d
+from .conv import conv1d, conv2d, conv3d
+from .conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
+from .interpolation import interpolate
 from .linear import bmm, einsum, linear, linear_readout, matmul
 from .losses import cross_entropy, mse_loss
-from .normalization import group_norm, layer_norm, rms_norm
+from .normalization import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
+from .pooling import (
+    avg_pool1d,
+    avg_pool2d,
+    avg_pool3d,
+    max_pool1d,
+    max_pool2d,
+    max_pool3d,
+)
 from .reductions import mean, sum
 from .residual import add, residual_add, residual_apply, residual_split
+from .routing import gather, index_add, index_select, scatter_add
+from .softcap import softcap
 from .sparse import embedding
 
 __all__ = [
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
+    "adaptive_avg_pool3d",
+    "adaptive_max_pool1d",
+    "adaptive_max_pool2d",
+    "adaptive_max_pool3d",
     "add",
+    "avg_pool1d",
+    "avg_pool2d",
+    "avg_pool3d",
+    "batch_norm",
     "bmm",
     "conv1d",
     "conv2d",
+    "conv3d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
     "cross_entropy",
     "dropout",
     "einsum",
     "embedding",
+    "gather",
     "gelu",
     "group_norm",
+    "index_add",
+    "index_select",
+    "instance_norm",
+    "interpolate",
     "layer_norm",
     "linear",
     "linear_readout",
     "matmul",
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
     "mean",
     "mse_loss",
     "relu",
@@ -43,9 +85,11 @@ __all__ = [
     "residual_split",
     "rms_norm",
     "scaled_dot_product_attention",
+    "scatter_add",
     "sigmoid",
     "silu",
     "silu_glu",
+    "softcap",
     "softmax",
     "sum",
     "tanh",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -9,7 +10,13 @@ from torch import Tensor
 
 from ..constraints import validate_constraint
 
-__all__ = ["autocast_inputs", "reject_unsupported", "validate_constraint"]
+__all__ = [
+    "autocast_inputs",
+    "expand_size",
+    "reject_unsupported",
+    "spatial_shape",
+    "validate_constraint",
+]
 
 
 def _is_default(value: Any, default: Any) -> bool:
@@ -51,3 +58,23 @@ def autocast_inputs(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
     return tuple(
         t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors
     )
+
+
+def expand_size(
+    op: str, name: str, value: int | Sequence[int], n: int
+) -> tuple[int, ...]:
+    """``value`` as ``n`` ints: an int is repeated, a sequence must have ``n``."""
+    values = (value,) * n if isinstance(value, int) else tuple(value)
+    if len(values) != n:
+        raise ValueError(f"U.{op}: {name}={value!r} must be an int or {n} ints")
+    return values
+
+
+def spatial_shape(op: str, input: Tensor, n: int) -> tuple[int, ...]:
+    """The ``n`` trailing (spatial) sizes of a batched or unbatched ``input``."""
+    if input.dim() not in (n + 1, n + 2):
+        raise ValueError(
+            f"U.{op}: expected input of shape (N, C, *spatial) or (C, *spatial) with "
+            f"{n} spatial dims, got {tuple(input.shape)}"
+        )
+    return tuple(input.shape[-n:])

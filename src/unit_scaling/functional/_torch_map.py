@@ -24,12 +24,31 @@ import torch
 import torch.nn.functional as F
 
 from .activations import dropout, gelu, relu, sigmoid, silu, softmax, tanh
+from .adaptive_pooling import (
+    adaptive_avg_pool1d,
+    adaptive_avg_pool2d,
+    adaptive_avg_pool3d,
+    adaptive_max_pool1d,
+    adaptive_max_pool2d,
+    adaptive_max_pool3d,
+)
 from .attention import scaled_dot_product_attention
-from .conv import conv1d, conv2d
+from .conv import conv1d, conv2d, conv3d
+from .conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
+from .interpolation import interpolate
 from .linear import bmm, einsum, linear, matmul
 from .losses import cross_entropy, mse_loss
-from .normalization import group_norm, layer_norm, rms_norm
+from .normalization import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
+from .pooling import (
+    avg_pool1d,
+    avg_pool2d,
+    avg_pool3d,
+    max_pool1d,
+    max_pool2d,
+    max_pool3d,
+)
 from .residual import add
+from .routing import gather, index_add, index_select, scatter_add
 from .sparse import embedding
 
 __all__ = ["torch_map"]
@@ -43,6 +62,10 @@ torch_map: dict[Callable[..., Any], Callable[..., Any]] = {
     torch.einsum: einsum,
     F.conv1d: conv1d,
     F.conv2d: conv2d,
+    F.conv3d: conv3d,
+    F.conv_transpose1d: conv_transpose1d,
+    F.conv_transpose2d: conv_transpose2d,
+    F.conv_transpose3d: conv_transpose3d,
     # activations
     F.gelu: gelu,
     F.silu: silu,
@@ -61,7 +84,29 @@ torch_map: dict[Callable[..., Any], Callable[..., Any]] = {
     F.rms_norm: rms_norm,
     torch.rms_norm: rms_norm,
     F.group_norm: group_norm,
+    F.batch_norm: batch_norm,
+    F.instance_norm: instance_norm,
     F.embedding: embedding,
+    # pooling and resampling (F.max_pool* and F.adaptive_max_pool* are torch's
+    # return_indices dispatchers, which Dynamo records as they are)
+    F.avg_pool1d: avg_pool1d,
+    F.avg_pool2d: avg_pool2d,
+    F.avg_pool3d: avg_pool3d,
+    F.max_pool1d: max_pool1d,
+    F.max_pool2d: max_pool2d,
+    F.max_pool3d: max_pool3d,
+    F.adaptive_avg_pool1d: adaptive_avg_pool1d,
+    F.adaptive_avg_pool2d: adaptive_avg_pool2d,
+    F.adaptive_avg_pool3d: adaptive_avg_pool3d,
+    F.adaptive_max_pool1d: adaptive_max_pool1d,
+    F.adaptive_max_pool2d: adaptive_max_pool2d,
+    F.adaptive_max_pool3d: adaptive_max_pool3d,
+    F.interpolate: interpolate,
+    # routing (mixture-of-experts dispatch and combination)
+    torch.index_add: index_add,
+    torch.scatter_add: scatter_add,
+    torch.gather: gather,
+    torch.index_select: index_select,
     # losses
     F.cross_entropy: cross_entropy,
     F.mse_loss: mse_loss,

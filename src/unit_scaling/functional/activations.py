@@ -1,10 +1,15 @@
 """Unit-scaled elementwise activations, ``softmax`` and ``dropout``.
 
 Every activation here is "the torch op, plus an output scale, plus an input-gradient
-scale, plus a constraint", applied by :func:`_scaled_unary` with the fewest passes:
+scale, plus a constraint", applied by :func:`._scaling.scaled_unary` with the fewest
+passes:
 when the constraint makes both scales equal (the default ``"to_output_scale"``) the
 op is ``c * f(x)`` with its true gradient, one multiply in each direction (plus the
 temperature's when ``mult != 1``).
+
+``inplace=True`` follows torch: the result is computed out of place (from a copy
+where the backward needs the input) and written into ``input``, which is returned;
+like torch, this raises for a leaf tensor that requires grad.
 
 Conventions for the scales, assuming a unit-normal input and a unit-normal output
 gradient independent of it:
@@ -24,7 +29,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -32,10 +36,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._autograd import Function
-from ..constraints import apply_constraint
 from ..core.functional import logarithmic_interpolation
-from ..scale import _scale
-from ._checks import reject_unsupported, validate_constraint
+from ._checks import validate_constraint
+from ._scaling import scaled_unary
 
 __all__ = ["dropout", "gelu", "relu", "sigmoid", "silu", "silu_glu", "softmax", "tanh"]
 
@@ -68,35 +71,11 @@ def _check_mult(op: str, mult: float) -> None:
         )
 
 
-def _scaled_unary(
-    f: Callable[[Tensor], Tensor],
-    input: Tensor,
-    output_scale: float,
-    grad_scale: float,
-    constraint: str | None,
-    input_mult: float = 1.0,
-    output_mult: float = 1.0,
-) -> Tensor:
-    """``alpha * k * f(m * x)`` whose input gradient is ``beta * d/dx [k * f(m * x)]``.
-
-    ``(alpha, beta)`` are ``(output_scale, grad_scale)`` after the constraint,
-    ``m = input_mult`` and ``k = output_mult``. The temperature multiply carries the
-    gradient correction ``beta / alpha`` in its backward (one op for both), and
-    ``alpha * k`` is applied in one multiply of the output; either is skipped when
-    it is 1.
-    """
-    alpha, beta = apply_constraint(constraint, output_scale, grad_scale)
-    x = _scale(input, input_mult, input_mult * beta / alpha)
-    out_mult = alpha * output_mult
-    y = f(x)
-    return y if out_mult == 1 else y * out_mult
-
-
 def gelu(
     input: Tensor,
+    approximate: str = "none",
     mult: float = 1.0,
     constraint: str | None = "to_output_scale",
-    approximate: str = "none",
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.gelu` with a temperature ``mult``.
 
@@ -118,9 +97,9 @@ def gelu(
 
     Args:
         input: any shape.
+        approximate: ``"none"`` or ``"tanh"``, as in torch.
         mult: the temperature ``m > 0``.
         constraint: see :mod:`unit_scaling.constraints`.
-        approximate: ``"none"`` or ``"tanh"``, as in torch.
 
     Example::
 
@@ -133,7 +112,7 @@ def gelu(
     w = _sigmoid_of_log(4 * mult**2)
     output_scale = logarithmic_interpolation(w, lower=2.0, upper=_RELU_OUTPUT_SCALE)
     grad_scale = logarithmic_interpolation(w, lower=2.0, upper=_RELU_GRAD_SCALE)
-    return _scaled_unary(
+    return scaled_unary(
         lambda x: F.gelu(x, approximate=approximate),
         input,
         output_scale,
@@ -145,7 +124,10 @@ def gelu(
 
 
 def silu(
-    input: Tensor, mult: float = 1.0, constraint: str | None = "to_output_scale"
+    input: Tensor,
+    inplace: bool = False,
+    mult: float = 1.0,
+    constraint: str | None = "to_output_scale",
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.silu` with a temperature ``mult``.
 
@@ -167,6 +149,7 @@ def silu(
 
     Args:
         input: any shape.
+        inplace: overwrite ``input`` with the result and return it, as in torch.
         mult: the temperature ``m > 0``.
         constraint: see :mod:`unit_scaling.constraints`.
 
@@ -184,15 +167,18 @@ def silu(
     grad_scale = logarithmic_interpolation(
         _sigmoid_of_log(mult**2), lower=2.0, upper=_RELU_GRAD_SCALE
     )
-    return _scaled_unary(
+    # SiLU's backward needs its input, which the in-place write would overwrite.
+    source = input.clone() if inplace and mult == 1 else input
+    out = scaled_unary(
         F.silu,
-        input,
+        source,
         output_scale,
         grad_scale,
         constraint,
         input_mult=mult,
         output_mult=1 / mult,
     )
+    return input.copy_(out) if inplace else out
 
 
 def silu_glu(input: Tensor, gate: Tensor, mult: float = 1.0) -> Tensor:
@@ -304,7 +290,7 @@ def relu(
 
     Args:
         input: any shape.
-        inplace: only ``False`` is supported.
+        inplace: overwrite ``input`` with the result and return it, as in torch.
         constraint: see :mod:`unit_scaling.constraints`.
 
     Example::
@@ -314,10 +300,11 @@ def relu(
         1.0
     """
     validate_constraint(constraint)
-    reject_unsupported("relu", inplace=(inplace, False))
-    return _scaled_unary(
+    # relu's backward needs only its output, so input may be overwritten.
+    out = scaled_unary(
         torch.relu, input, _RELU_OUTPUT_SCALE, _RELU_GRAD_SCALE, constraint
     )
+    return input.copy_(out) if inplace else out
 
 
 def tanh(input: Tensor, constraint: str | None = "to_output_scale") -> Tensor:
@@ -344,7 +331,7 @@ def tanh(input: Tensor, constraint: str | None = "to_output_scale") -> Tensor:
         1.0
     """
     validate_constraint(constraint)
-    return _scaled_unary(
+    return scaled_unary(
         torch.tanh, input, _TANH_OUTPUT_SCALE, _TANH_GRAD_SCALE, constraint
     )
 
@@ -374,7 +361,7 @@ def sigmoid(input: Tensor, constraint: str | None = "to_output_scale") -> Tensor
         1.0
     """
     validate_constraint(constraint)
-    return _scaled_unary(
+    return scaled_unary(
         torch.sigmoid, input, _SIGMOID_OUTPUT_SCALE, _SIGMOID_GRAD_SCALE, constraint
     )
 
@@ -387,10 +374,10 @@ def _implicit_softmax_dim(ndim: int) -> int:
 def softmax(
     input: Tensor,
     dim: int | None = None,
+    _stacklevel: int | torch.dtype = 3,
     dtype: torch.dtype | None = None,
     constraint: str | None = "to_output_scale",
     mult: float = 1.0,
-    _stacklevel: int = 3,
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.softmax` with a temperature ``mult``.
 
@@ -414,19 +401,23 @@ def softmax(
         input: any shape.
         dim: the dimension to normalise over; ``None`` uses torch's deprecated
             implicit choice (with a warning).
+        _stacklevel: accepted for compatibility with torch and ignored; a
+            ``torch.dtype`` here is taken as ``dtype``, which is where
+            :func:`torch.softmax` and ``Tensor.softmax`` take it.
         dtype: if given, the input is cast to it before the softmax.
         constraint: see :mod:`unit_scaling.constraints`.
         mult: the temperature ``m > 0``.
-        _stacklevel: accepted for compatibility with torch and ignored.
 
     Example::
 
-        >>> y = U.softmax(torch.randn(64, 256), dim=-1)
-        >>> round(y.pow(2).mean().sqrt().item(), 1)
-        1.0
+        >>> y = U.softmax(torch.randn(1024, 256), dim=-1)
+        >>> round(y.pow(2).mean().sqrt().item(), 1)  # the model is exact at the limits
+        0.9
     """
     validate_constraint(constraint)
     _check_mult("softmax", mult)
+    if isinstance(_stacklevel, torch.dtype):
+        dtype = _stacklevel
     if dim is None:
         warnings.warn(
             "U.softmax: implicit dimension choice for softmax has been deprecated; "
@@ -439,7 +430,7 @@ def softmax(
     w = _sigmoid_of_log(mult**2 / 4)
     output_scale = logarithmic_interpolation(w, lower=n, upper=math.sqrt(n))
     grad_scale = logarithmic_interpolation(w, lower=n / mult, upper=math.sqrt(n / mult))
-    return _scaled_unary(
+    return scaled_unary(
         lambda x: F.softmax(x, dim, dtype=dtype),
         input,
         output_scale,
@@ -468,7 +459,7 @@ def dropout(
         input: any shape.
         p: probability of zeroing an element, in ``[0, 1]``.
         training: apply dropout only when ``True``.
-        inplace: only ``False`` is supported.
+        inplace: overwrite ``input`` with the result and return it, as in torch.
 
     Example::
 
@@ -476,11 +467,12 @@ def dropout(
         >>> round(y.std().item(), 1)
         1.0
     """
-    reject_unsupported("dropout", inplace=(inplace, False))
     if not 0 <= p <= 1:
         raise ValueError(
             f"U.dropout: p must be a probability between 0 and 1, got p={p!r}"
         )
     if not training or p == 0:
         return input
-    return F.dropout(input * math.sqrt(1 - p), p, training)
+    # The mask is all dropout's backward needs, so input may be overwritten.
+    out = F.dropout(input * math.sqrt(1 - p), p, training)
+    return input.copy_(out) if inplace else out

@@ -1,4 +1,4 @@
-"""Unit-scaled convolutions: ``conv1d`` and ``conv2d``.
+"""Unit-scaled convolutions: ``conv1d``, ``conv2d`` and ``conv3d``.
 
 A convolution is a linear layer applied at every output position, so the rule is
 :func:`~unit_scaling.functional.linear`'s with the kernel folded into the fan-in and
@@ -17,19 +17,12 @@ import torch
 from torch import Tensor
 
 from ..constraints import apply_constraint
-from ..scale import _scale, scale_bwd
-from ._checks import validate_constraint
+from ._checks import expand_size, validate_constraint
+from ._scaling import fold_scales
 
-__all__ = ["conv1d", "conv2d"]
+__all__ = ["conv1d", "conv2d", "conv3d"]
 
 _Size = int | Sequence[int]
-
-
-def _expand(op: str, name: str, value: _Size, n: int) -> tuple[int, ...]:
-    values = (value,) * n if isinstance(value, int) else tuple(value)
-    if len(values) != n:
-        raise ValueError(f"U.{op}: {name}={value!r} must be an int or {n} ints")
-    return values
 
 
 def _output_size(
@@ -54,7 +47,7 @@ def _output_size(
         spatial,
         kernel,
         strides,
-        _expand(op, "padding", pads, n),
+        expand_size(op, "padding", pads, n),
         dilations,
         strict=True,
     ):
@@ -91,8 +84,8 @@ def _conv(
     fan_out, fan_in, *kernel = weight.shape
     kernel_numel = math.prod(kernel)
     batch = input.shape[0] if input.dim() == n + 2 else 1
-    strides = _expand(op, "stride", stride, n)
-    dilations = _expand(op, "dilation", dilation, n)
+    strides = expand_size(op, "stride", stride, n)
+    dilations = expand_size(op, "dilation", dilation, n)
     positions = _output_size(
         op, tuple(input.shape[-n:]), tuple(kernel), strides, padding, dilations
     )
@@ -103,12 +96,15 @@ def _conv(
         ** scale_power[1],
     )
     grad_weight_scale = max(positions * batch, 1) ** -scale_power[2]
-    # conv(x, a W, a b) = a conv(x, W, b), and its input gradient is a times the
-    # plain one: only a mismatch with the input-gradient scale needs another op.
-    input = scale_bwd(input, grad_input_scale / output_scale)
-    weight = _scale(weight, output_scale, grad_weight_scale)
-    if bias is not None:
-        bias = _scale(bias, output_scale, grad_weight_scale)
+    input, weight, bias = fold_scales(
+        input,
+        weight,
+        bias,
+        output_scale,
+        grad_input_scale,
+        grad_weight_scale,
+        grad_weight_scale,
+    )
     return conv(input, weight, bias, stride, padding, dilation, groups)
 
 
@@ -212,6 +208,60 @@ def conv2d(
         "conv2d",
         torch.conv2d,
         2,
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        dilation,
+        groups,
+        constraint,
+        scale_power,
+    )
+
+
+def conv3d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: _Size = 1,
+    padding: str | _Size = 0,
+    dilation: _Size = 1,
+    groups: int = 1,
+    constraint: str | None = "to_output_scale",
+    scale_power: tuple[float, float, float] = (0.5, 0.5, 0.5),
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.conv3d`.
+
+    .. math::
+        y = \\alpha\\,(x \\star W + b),\\quad
+        \\alpha = (\\text{fan\\_in}\\cdot K)^{-p_0},\\quad
+        \\beta_x = \\left(\\frac{S \\cdot G}{\\text{fan\\_out}\\cdot K}\\right)^{p_1},
+        \\quad \\beta_W = \\beta_b = (L_{out} \\cdot N)^{-p_2}
+
+    as for :func:`conv1d`, with ``K = kD·kH·kW``, ``S = sD·sH·sW`` and
+    ``L_out = D_out·H_out·W_out``.
+
+    Args:
+        input: ``(N, C_in, D, H, W)`` or ``(C_in, D, H, W)``.
+        weight: ``(C_out, C_in / groups, kD, kH, kW)``.
+        bias: ``(C_out,)`` or ``None``.
+        stride, padding, dilation, groups: as in torch (``padding`` may be
+            ``'same'`` or ``'valid'``).
+        constraint: applied to ``(alpha, beta_x)``; see
+            :mod:`unit_scaling.constraints`.
+        scale_power: the powers ``(p0, p1, p2)``.
+
+    Example::
+
+        >>> y = U.conv3d(torch.randn(2, 8, 8, 8, 8), torch.randn(16, 8, 3, 3, 3))
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    return _conv(
+        "conv3d",
+        torch.conv3d,
+        3,
         input,
         weight,
         bias,

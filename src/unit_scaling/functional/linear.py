@@ -24,6 +24,11 @@ from ._checks import autocast_inputs, validate_constraint
 __all__ = ["bmm", "einsum", "linear", "linear_readout", "matmul"]
 
 
+# aten's reshape of a tensor nothing else refers to: the result is not recorded
+# as a view (aten's own matmul uses it for the same purpose).
+_unsafe_view = torch.ops.aten._unsafe_view.default
+
+
 def _bmm(a: Tensor, b: Tensor, alpha: float) -> Tensor:
     """``alpha * (a @ b)`` for 3-D operands in one batched GEMM."""
     if alpha == 1:
@@ -57,7 +62,12 @@ class _ScaledLinearFn(Function):
             y = torch.mm(x, weight.t())
         else:
             y = torch.addmm(x[:1, :1], x, weight.t(), beta=0, alpha=output_scale)
-        return y if input.dim() == 2 else y.view(*input.shape[:-1], weight.shape[0])
+        if input.dim() == 2:
+            return y
+        # Not y.view(...): a view made inside a custom Function may not be modified
+        # in place, and models do write `h += ...` on a linear layer's output.
+        out: Tensor = _unsafe_view(y, (*input.shape[:-1], weight.shape[0]))
+        return out
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:

@@ -138,6 +138,7 @@ def mse_loss(
     size_average: bool | None = None,
     reduce: bool | None = None,
     reduction: str = "mean",
+    weight: Tensor | None = None,
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.mse_loss`.
 
@@ -159,6 +160,7 @@ def mse_loss(
         size_average: deprecated in torch; not supported.
         reduce: deprecated in torch; not supported.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+        weight: per-element weights (torch 2.13); not supported.
 
     Example::
 
@@ -168,7 +170,10 @@ def mse_loss(
         1.0
     """
     reject_unsupported(
-        "mse_loss", size_average=(size_average, None), reduce=(reduce, None)
+        "mse_loss",
+        size_average=(size_average, None),
+        reduce=(reduce, None),
+        weight=(weight, None),
     )
     _check_reduction("mse_loss", reduction)
     if input.shape != target.shape:

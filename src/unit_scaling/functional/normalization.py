@@ -1,4 +1,5 @@
-"""Unit-scaled normalisation: ``layer_norm``, ``rms_norm``, ``group_norm``.
+"""Unit-scaled normalisation: ``layer_norm``, ``rms_norm``, ``group_norm``,
+``batch_norm`` and ``instance_norm``.
 
 A normalisation's output is unit-scaled by construction, and so (to a good
 approximation) is its input gradient. Only the affine parameters need scaling: each
@@ -17,7 +18,7 @@ from torch import Tensor
 
 from ..scale import scale_bwd
 
-__all__ = ["group_norm", "layer_norm", "rms_norm"]
+__all__ = ["batch_norm", "group_norm", "instance_norm", "layer_norm", "rms_norm"]
 
 
 def _checked_shape(
@@ -35,6 +36,14 @@ def _checked_shape(
             f"of input, which has shape {tuple(input.shape)}"
         )
     return shape
+
+
+def _channels(op: str, input: Tensor) -> int:
+    if input.dim() < 2:
+        raise ValueError(
+            f"U.{op}: expected input of shape (N, C, *), got {tuple(input.shape)}"
+        )
+    return input.shape[1]
 
 
 def _scale_affine(
@@ -158,3 +167,105 @@ def group_norm(
         )
     weight, bias = _scale_affine((weight, bias), input.shape[1], input)
     return F.group_norm(input, num_groups, weight, bias, eps)
+
+
+def batch_norm(
+    input: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.batch_norm`.
+
+    .. math::
+        y = \\frac{x - \\mathrm{E}[x]}{\\sqrt{\\mathrm{Var}[x] + \\epsilon}}
+            \\odot w + b,\\qquad
+        \\beta_w = \\beta_b = \\left(\\frac{C}{\\text{numel}}\\right)^{1/2}
+
+    for input ``(N, C, *)``, with batch statistics per channel when ``training``
+    and the running ones otherwise. The output and input gradient are unscaled
+    (already unit in training; in evaluation the running statistics of unit data
+    make the op close to the identity). Each per-channel weight and bias gradient
+    sums ``numel / C`` terms, hence ``beta``. ``running_mean`` and
+    ``running_var`` are updated in place exactly as by torch.
+
+    Args:
+        input: ``(N, C, *)``.
+        running_mean, running_var: per-channel running statistics ``(C,)``, or
+            ``None`` to always use batch statistics.
+        weight: per-channel scale ``(C,)``, or ``None``.
+        bias: per-channel shift ``(C,)``, or ``None``.
+        training: normalise by batch statistics (and update the running ones).
+        momentum: the running statistics' update factor.
+        eps: added to the variance for numerical stability.
+
+    Example::
+
+        >>> x, mean, var = 3 * torch.randn(32, 16, 8), torch.zeros(16), torch.ones(16)
+        >>> y = U.batch_norm(x, mean, var, torch.ones(16), training=True)
+        >>> round(y.std().item(), 1), round(var.mean().item(), 1)
+        (1.0, 1.8)
+    """
+    channels = _channels("batch_norm", input)
+    weight, bias = _scale_affine((weight, bias), channels, input)
+    return F.batch_norm(
+        input, running_mean, running_var, weight, bias, training, momentum, eps
+    )
+
+
+def instance_norm(
+    input: Tensor,
+    running_mean: Tensor | None = None,
+    running_var: Tensor | None = None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    use_input_stats: bool = True,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.instance_norm`.
+
+    .. math::
+        y = \\frac{x - \\mathrm{E}[x]}{\\sqrt{\\mathrm{Var}[x] + \\epsilon}}
+            \\odot w + b,\\qquad
+        \\beta_w = \\beta_b = \\left(\\frac{C}{\\text{numel}}\\right)^{1/2}
+
+    for input ``(N, C, *)``, normalised per sample and channel over the spatial
+    dims. The output and input gradient are unscaled (already unit); each
+    per-channel weight and bias gradient sums ``numel / C`` terms, hence
+    ``beta``. Running statistics, when given, are updated in place exactly as by
+    torch.
+
+    Args:
+        input: ``(N, C, *)``.
+        running_mean, running_var: per-channel running statistics ``(C,)``, or
+            ``None``.
+        weight: per-channel scale ``(C,)``, or ``None``.
+        bias: per-channel shift ``(C,)``, or ``None``.
+        use_input_stats: normalise by each instance's statistics (``False``: by
+            the running ones).
+        momentum: the running statistics' update factor.
+        eps: added to the variance for numerical stability.
+
+    Example::
+
+        >>> y = U.instance_norm(3 * torch.randn(8, 16, 64), weight=torch.ones(16))
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    channels = _channels("instance_norm", input)
+    weight, bias = _scale_affine((weight, bias), channels, input)
+    return F.instance_norm(
+        input,
+        running_mean,
+        running_var,
+        weight,
+        bias,
+        use_input_stats,
+        momentum,
+        eps,
+    )

@@ -33,7 +33,9 @@ class GELU(nn.GELU):
         self.constraint = constraint
 
     def forward(self, input: Tensor) -> Tensor:
-        return U.gelu(input, self.mult, self.constraint, self.approximate)
+        return U.gelu(
+            input, self.approximate, mult=self.mult, constraint=self.constraint
+        )
 
     def extra_repr(self) -> str:
         return (
@@ -53,18 +55,22 @@ class SiLU(nn.SiLU):
     """
 
     def __init__(
-        self, mult: float = 1.0, constraint: str | None = "to_output_scale"
+        self,
+        inplace: bool = False,
+        mult: float = 1.0,
+        constraint: str | None = "to_output_scale",
     ) -> None:
         validate_constraint(constraint)
-        super().__init__()
+        super().__init__(inplace)
         self.mult = mult
         self.constraint = constraint
 
     def forward(self, input: Tensor) -> Tensor:
-        return U.silu(input, self.mult, self.constraint)
+        return U.silu(input, self.inplace, mult=self.mult, constraint=self.constraint)
 
     def extra_repr(self) -> str:
-        return f"mult={self.mult}, constraint={self.constraint!r}"
+        inplace = "inplace=True, " if self.inplace else ""
+        return f"{inplace}mult={self.mult}, constraint={self.constraint!r}"
 
 
 class Softmax(nn.Softmax):
@@ -100,7 +106,7 @@ class Softmax(nn.Softmax):
 
 class Dropout(nn.Dropout):
     """Unit-scaled :class:`torch.nn.Dropout`: output and gradient scaled
-    ``sqrt(1 - p)`` so both keep unit scale. ``inplace=True`` is not supported.
+    ``sqrt(1 - p)`` so both keep unit scale.
 
     Example::
 
@@ -108,12 +114,5 @@ class Dropout(nn.Dropout):
         [1.0, 1.0, 1.0]
     """
 
-    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
-        if inplace:
-            raise ValueError(
-                "Dropout: inplace=True has not been implemented; use inplace=False"
-            )
-        super().__init__(p, inplace)
-
     def forward(self, input: Tensor) -> Tensor:
-        return U.dropout(input, self.p, self.training)
+        return U.dropout(input, self.p, self.training, self.inplace)

@@ -1,0 +1,157 @@
+"""The pattern every unit-scaled op shares, and the arithmetic of its scales.
+
+:func:`scaled_unary` is "the torch op, plus an output scale, plus an input-gradient
+scale, plus a constraint" with the fewest passes, and :func:`fold_scales` the
+same for a convolution-like op, on its weight and bias. :func:`memoise` caches a pure
+scale computation, and makes ``torch.compile`` put its result in the graph as a
+constant (the one place here that depends on how Dynamo traces);
+:func:`normal_expectation` integrates against the unit normal for scales that
+have no closed form. Scales are Python floats computed from shapes and arguments
+only: no tensor is read, so nothing syncs with the device.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import torch
+from torch import Tensor
+
+from ..constraints import apply_constraint
+from ..scale import _scale, scale_bwd
+
+__all__ = ["fold_scales", "memoise", "normal_expectation", "scaled_unary"]
+
+R = TypeVar("R")
+Out = TypeVar("Out", bound=Tensor | tuple[Tensor, Tensor])
+
+
+def scaled_unary(
+    f: Callable[[Tensor], Out],
+    input: Tensor,
+    output_scale: float,
+    grad_scale: float,
+    constraint: str | None,
+    input_mult: float = 1.0,
+    output_mult: float = 1.0,
+    scale_input: bool = False,
+) -> Out:
+    """``alpha * k * f(m * x)`` whose input gradient is ``beta * d/dx [k * f(m * x)]``.
+
+    ``(alpha, beta)`` are ``(output_scale, grad_scale)`` after the constraint,
+    ``m = input_mult`` and ``k = output_mult``. The temperature multiply carries the
+    gradient correction ``beta / alpha`` in its backward (one op for both), and
+    ``alpha * k`` is applied in one multiply of the output; either is skipped when
+    it is 1.
+
+    ``scale_input=True`` is for a positively homogeneous ``f`` (``f(a x) = a f(x)``
+    for ``a > 0``: pooling, interpolation) whose input is the smaller tensor:
+    ``alpha`` then multiplies the input instead of the output. When ``f`` returns
+    ``(output, indices)`` only the output is scaled.
+    """
+    alpha, beta = apply_constraint(constraint, output_scale, grad_scale)
+    if scale_input:
+        x = _scale(input, alpha * input_mult, beta * input_mult)
+        out_mult = output_mult
+    else:
+        x = _scale(input, input_mult, input_mult * beta / alpha)
+        out_mult = alpha * output_mult
+    y = f(x)
+    if out_mult == 1:
+        return y
+    if isinstance(y, tuple):
+        return cast(Out, (y[0] * out_mult, y[1]))
+    return cast(Out, y * out_mult)
+
+
+def fold_scales(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    output_scale: float,
+    grad_input_scale: float,
+    grad_weight_scale: float,
+    grad_bias_scale: float,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The arguments of a convolution-like op ``f(x, W, b)``, linear in ``(W, b)``,
+    that make it compute ``output_scale * f(x, W, b)`` with each gradient scaled.
+
+    ``f(x, a W, a b) = a f(x, W, b)``, and its input gradient is ``a`` times the
+    plain one, so the output scale costs weight-sized multiplies only; the input
+    needs its own op only when its gradient scale differs from the output's.
+    """
+    input = scale_bwd(input, grad_input_scale / output_scale)
+    weight = _scale(weight, output_scale, grad_weight_scale)
+    if bias is not None:
+        bias = _scale(bias, output_scale, grad_bias_scale)
+    return input, weight, bias
+
+
+def _specialise(value: Any) -> Any:
+    """``value`` with each number a Python constant, also under ``torch.compile``.
+
+    Dynamo traces sizes (and float arguments) symbolically under dynamic shapes
+    (``dynamic=True``, or automatically after a recompile), and a scale computed
+    by loops over them would build a symbolic expression per iteration (minutes
+    of tracing) or fail. Dynamo evaluates the bounds of a ``range`` and the
+    items summed by ``math.fsum``, guarding on their values, so
+    ``range(n + 1)[-1]`` and ``math.fsum([x])`` are ``n`` and ``x`` as
+    constants: these ops specialise on the numbers their scales depend on.
+    ``tests/functional/test_compile.py`` fails if a torch upgrade changes this.
+    """
+    if isinstance(value, tuple):
+        return tuple(_specialise(v) for v in value)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value >= 0:
+        return range(value + 1)[-1]
+    if isinstance(value, float):
+        return math.fsum([value])
+    return value
+
+
+def memoise(fn: Callable[..., R]) -> Callable[..., R]:
+    """Cache a pure scale computation of hashable arguments.
+
+    In eager mode the result is cached per argument tuple. Under
+    ``torch.compile`` the arguments are specialised (:func:`_specialise`) and the
+    function is a :func:`torch.compiler.assume_constant_result`: Dynamo runs it
+    (from the same cache) while tracing and puts the result in the graph as a
+    constant, rather than tracing its loops over windows and quadrature points
+    (seconds per call site).
+    """
+    cached = functools.lru_cache(maxsize=4096)(fn)
+    constant = torch.compiler.assume_constant_result(  # type: ignore[no-untyped-call]
+        lambda *args: cached(*args)
+    )
+
+    @functools.wraps(fn)
+    def call(*args: Any) -> R:
+        if torch.compiler.is_compiling():
+            return cast(R, constant(*_specialise(args)))
+        return cached(*args)
+
+    return call
+
+
+def normal_expectation(
+    f: Callable[[float], float], width: float = 1.0, support: float = 12.0
+) -> float:
+    """``E[f(x)]`` for ``x ~ N(0, 1)`` by the trapezoid rule on ``[-support, support]``.
+
+    ``f`` must be analytic in a strip of half-width about ``width`` around the
+    real axis and negligible beyond ``support``. The trapezoid rule then
+    converges exponentially in ``width / step`` (the error is about
+    ``exp(-2π · width / step)``); the step is ``width / 4`` (at most ``1/4``), and
+    the tests check the results against closed forms to ``1e-9``.
+    """
+    step = min(width, 1.0) / 4
+    n = math.ceil(min(support, 12.0) / step)
+    total = 0.0
+    for i in range(-n, n + 1):
+        x = i * step
+        total += f(x) * math.exp(-0.5 * x * x)
+    return total * step / math.sqrt(2 * math.pi)

@@ -1,0 +1,270 @@
+"""Unit-scaled transposed convolutions: ``conv_transpose1d``, ``2d`` and ``3d``.
+
+A transposed convolution is the adjoint of a convolution: each input element is
+multiplied by the whole kernel and added into the output at ``stride`` spacing.
+With weight ``(C_in, C_out / G, *k)``, ``K = prod(k)`` and ``S = prod(stride)``:
+
+* an output element sums ``(C_in / G) · K / S`` terms on average (each kernel tap
+  lands on one output position in ``S``);
+* an input element's gradient is a convolution of the output gradient, a sum of
+  ``(C_out / G) · K`` terms;
+* the weight gradient sums over the ``N · L_in`` input positions and the bias
+  gradient over the ``N · L_out`` output positions.
+
+Border positions receive fewer terms, as for :func:`~unit_scaling.functional.conv1d`;
+the rule ignores them. The scales are folded into the weight and bias exactly as
+for the convolutions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from ..constraints import apply_constraint
+from ._checks import expand_size, validate_constraint
+from ._scaling import fold_scales
+
+__all__ = ["conv_transpose1d", "conv_transpose2d", "conv_transpose3d"]
+
+_Size = int | Sequence[int]
+
+
+def _conv_transpose(
+    op: str,
+    conv: Callable[..., Tensor],
+    n: int,
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    stride: _Size,
+    padding: _Size,
+    output_padding: _Size,
+    groups: int,
+    dilation: _Size,
+    constraint: str | None,
+    scale_power: tuple[float, float, float],
+) -> Tensor:
+    validate_constraint(constraint)
+    if (
+        weight.dim() != n + 2
+        or input.dim() not in (n + 1, n + 2)
+        or groups < 1
+        or weight.shape[0] % groups
+        or input.shape[-n - 1] != weight.shape[0]
+    ):
+        raise ValueError(
+            f"U.{op}: expected input of shape (N, C_in, *spatial) or (C_in, "
+            f"*spatial) and weight of shape (C_in, C_out / groups, *kernel) with "
+            f"{n} spatial dims and C_in divisible by groups, got input "
+            f"{tuple(input.shape)}, weight {tuple(weight.shape)} and groups={groups}"
+        )
+    strides = expand_size(op, "stride", stride, n)
+    pads = expand_size(op, "padding", padding, n)
+    output_pads = expand_size(op, "output_padding", output_padding, n)
+    dilations = expand_size(op, "dilation", dilation, n)
+    kernel = tuple(weight.shape[2:])
+    spatial = tuple(input.shape[-n:])
+    out_spatial = [
+        (length - 1) * s - 2 * p + d * (k - 1) + q + 1
+        for length, s, p, d, k, q in zip(
+            spatial, strides, pads, dilations, kernel, output_pads, strict=True
+        )
+    ]
+    fan_in = weight.shape[0] // groups
+    fan_out = weight.shape[1]
+    kernel_numel = math.prod(kernel)
+    batch = input.shape[0] if input.dim() == n + 2 else 1
+    output_scale, grad_input_scale = apply_constraint(
+        constraint,
+        (max(fan_in * kernel_numel, 1) / math.prod(strides)) ** -scale_power[0],
+        max(fan_out * kernel_numel, 1) ** -scale_power[1],
+    )
+    input, weight, bias = fold_scales(
+        input,
+        weight,
+        bias,
+        output_scale,
+        grad_input_scale,
+        max(batch * math.prod(spatial), 1) ** -scale_power[2],
+        max(batch * math.prod(out_spatial), 1) ** -scale_power[2],
+    )
+    return conv(input, weight, bias, stride, padding, output_padding, groups, dilation)
+
+
+def conv_transpose1d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: _Size = 1,
+    padding: _Size = 0,
+    output_padding: _Size = 0,
+    groups: int = 1,
+    dilation: _Size = 1,
+    constraint: str | None = "to_output_scale",
+    scale_power: tuple[float, float, float] = (0.5, 0.5, 0.5),
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.conv_transpose1d`.
+
+    .. math::
+        y = \\alpha\\,(x \\star^T W + b),\\quad
+        \\alpha = \\left(\\frac{\\text{fan\\_in}\\cdot K}{S}\\right)^{-p_0},\\quad
+        \\beta_x = (\\text{fan\\_out}\\cdot K)^{-p_1},\\quad
+        \\beta_W = (L_{in} \\cdot N)^{-p_2},\\quad
+        \\beta_b = (L_{out} \\cdot N)^{-p_2}
+
+    with ``fan_in = C_in / groups``, ``fan_out = C_out / groups`` (the weight's
+    second dim), ``K`` the kernel size, ``S`` the stride, ``L_in``/``L_out`` the
+    input/output lengths and ``N`` the batch size (1 if unbatched). An output
+    element sums ``fan_in·K/S`` terms on average, an input element's gradient
+    ``fan_out·K``; see the module docstring. The constraint ties ``alpha`` and
+    ``beta_x``.
+
+    Args:
+        input: ``(N, C_in, L)`` or ``(C_in, L)``.
+        weight: ``(C_in, C_out / groups, K)``.
+        bias: ``(C_out,)`` or ``None``.
+        stride, padding, output_padding, groups, dilation: as in torch.
+        constraint: applied to ``(alpha, beta_x)``; see
+            :mod:`unit_scaling.constraints`.
+        scale_power: the powers ``(p0, p1, p2)``.
+
+    Example::
+
+        >>> x, w = torch.randn(8, 32, 100), torch.randn(32, 16, 4)
+        >>> y = U.conv_transpose1d(x, w, stride=2, padding=1)
+        >>> y.shape, round(y.std().item(), 1)
+        (torch.Size([8, 16, 200]), 1.0)
+    """
+    return _conv_transpose(
+        "conv_transpose1d",
+        torch.conv_transpose1d,
+        1,
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        output_padding,
+        groups,
+        dilation,
+        constraint,
+        scale_power,
+    )
+
+
+def conv_transpose2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: _Size = 1,
+    padding: _Size = 0,
+    output_padding: _Size = 0,
+    groups: int = 1,
+    dilation: _Size = 1,
+    constraint: str | None = "to_output_scale",
+    scale_power: tuple[float, float, float] = (0.5, 0.5, 0.5),
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.conv_transpose2d`.
+
+    .. math::
+        y = \\alpha\\,(x \\star^T W + b),\\quad
+        \\alpha = \\left(\\frac{\\text{fan\\_in}\\cdot K}{S}\\right)^{-p_0},\\quad
+        \\beta_x = (\\text{fan\\_out}\\cdot K)^{-p_1},\\quad
+        \\beta_W = (L_{in} \\cdot N)^{-p_2},\\quad
+        \\beta_b = (L_{out} \\cdot N)^{-p_2}
+
+    as for :func:`conv_transpose1d`, with ``K = kH·kW``, ``S = sH·sW``,
+    ``L_in = H_in·W_in`` and ``L_out = H_out·W_out``.
+
+    Args:
+        input: ``(N, C_in, H, W)`` or ``(C_in, H, W)``.
+        weight: ``(C_in, C_out / groups, kH, kW)``.
+        bias: ``(C_out,)`` or ``None``.
+        stride, padding, output_padding, groups, dilation: as in torch.
+        constraint: applied to ``(alpha, beta_x)``; see
+            :mod:`unit_scaling.constraints`.
+        scale_power: the powers ``(p0, p1, p2)``.
+
+    Example::
+
+        >>> x, w = torch.randn(4, 32, 16, 16), torch.randn(32, 16, 4, 4)
+        >>> y = U.conv_transpose2d(x, w, stride=2, padding=1)
+        >>> y.shape, round(y.std().item(), 1)
+        (torch.Size([4, 16, 32, 32]), 1.0)
+    """
+    return _conv_transpose(
+        "conv_transpose2d",
+        torch.conv_transpose2d,
+        2,
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        output_padding,
+        groups,
+        dilation,
+        constraint,
+        scale_power,
+    )
+
+
+def conv_transpose3d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: _Size = 1,
+    padding: _Size = 0,
+    output_padding: _Size = 0,
+    groups: int = 1,
+    dilation: _Size = 1,
+    constraint: str | None = "to_output_scale",
+    scale_power: tuple[float, float, float] = (0.5, 0.5, 0.5),
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.conv_transpose3d`.
+
+    .. math::
+        y = \\alpha\\,(x \\star^T W + b),\\quad
+        \\alpha = \\left(\\frac{\\text{fan\\_in}\\cdot K}{S}\\right)^{-p_0},\\quad
+        \\beta_x = (\\text{fan\\_out}\\cdot K)^{-p_1},\\quad
+        \\beta_W = (L_{in} \\cdot N)^{-p_2},\\quad
+        \\beta_b = (L_{out} \\cdot N)^{-p_2}
+
+    as for :func:`conv_transpose1d`, with ``K = kD·kH·kW``, ``S = sD·sH·sW``
+    and ``L`` the product of the three spatial sizes.
+
+    Args:
+        input: ``(N, C_in, D, H, W)`` or ``(C_in, D, H, W)``.
+        weight: ``(C_in, C_out / groups, kD, kH, kW)``.
+        bias: ``(C_out,)`` or ``None``.
+        stride, padding, output_padding, groups, dilation: as in torch.
+        constraint: applied to ``(alpha, beta_x)``; see
+            :mod:`unit_scaling.constraints`.
+        scale_power: the powers ``(p0, p1, p2)``.
+
+    Example::
+
+        >>> x, w = torch.randn(2, 16, 8, 8, 8), torch.randn(16, 8, 2, 2, 2)
+        >>> y = U.conv_transpose3d(x, w, stride=2)
+        >>> y.shape, round(y.std().item(), 1)
+        (torch.Size([2, 8, 16, 16, 16]), 1.0)
+    """
+    return _conv_transpose(
+        "conv_transpose3d",
+        torch.conv_transpose3d,
+        3,
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        output_padding,
+        groups,
+        dilation,
+        constraint,
+        scale_power,
+    )

@@ -1,0 +1,443 @@
+"""Unit-scaled pooling: ``avg_pool{1,2,3}d`` and ``max_pool{1,2,3}d``.
+
+Pooling is positively homogeneous (``pool(a x) = a pool(x)`` for ``a > 0``), so
+each op is the torch op with its output multiplied by ``alpha`` (the smaller
+tensor) and its input gradient by ``beta``. Both are exact expectations for
+i.i.d. unit-normal input and output gradient, computed from torch's own windows
+(see :mod:`._windows`); away from the borders they are:
+
+* **average** of ``K`` elements: output ``K^½`` (the mean of ``K`` unit terms has
+  std ``K^-½``), gradient ``(K·S)^½`` (each element lies in ``K/S`` windows and
+  receives ``1/K`` of each one's gradient), with ``S`` the stride's numel;
+* **maximum** of ``K`` elements: output ``1 / std`` of the maximum of ``K`` unit
+  normals, gradient ``(n_in / n_out)^½ ≈ S^½`` (each window passes its gradient
+  to one element).
+
+Padding, partial (``ceil_mode``) windows, ``count_include_pad`` and
+``divisor_override`` change the border windows, and the exact scales follow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._checks import expand_size, spatial_shape, validate_constraint
+from ._scaling import memoise, scaled_unary
+from ._windows import average_scales, max_scales, pool_windows
+
+__all__ = [
+    "avg_pool1d",
+    "avg_pool2d",
+    "avg_pool3d",
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
+]
+
+_Size = int | Sequence[int]
+
+
+def _pool_args(
+    op: str,
+    n: int,
+    input: Tensor,
+    kernel_size: _Size,
+    stride: _Size | None,
+    padding: _Size,
+    dilation: _Size,
+) -> tuple[tuple[int, ...], ...]:
+    """Spatial sizes, kernel, stride, padding and dilation as ``n``-tuples."""
+    kernel = expand_size(op, "kernel_size", kernel_size, n)
+    # torch: a missing (None or empty) stride is the kernel size.
+    no_stride = stride is None or (not isinstance(stride, int) and len(stride) == 0)
+    strides = kernel if no_stride else expand_size(op, "stride", stride, n)  # type: ignore[arg-type]
+    return (
+        spatial_shape(op, input, n),
+        kernel,
+        strides,
+        expand_size(op, "padding", padding, n),
+        expand_size(op, "dilation", dilation, n),
+    )
+
+
+@memoise
+def _avg_pool_scales(
+    spatial: tuple[int, ...],
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    pads: tuple[int, ...],
+    ceil_mode: bool,
+    count_include_pad: bool,
+    divisor_override: int | None,
+) -> tuple[float, float]:
+    dims = [
+        (length, pool_windows(length, k, s, p, 1, ceil_mode))
+        for length, k, s, p in zip(spatial, kernel, strides, pads, strict=True)
+    ]
+    return average_scales(dims, count_include_pad, divisor_override)
+
+
+@memoise
+def _max_pool_scales(
+    spatial: tuple[int, ...],
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    pads: tuple[int, ...],
+    dilations: tuple[int, ...],
+    ceil_mode: bool,
+) -> tuple[float, float]:
+    dims = [
+        (length, pool_windows(length, k, s, p, d, ceil_mode))
+        for length, k, s, p, d in zip(
+            spatial, kernel, strides, pads, dilations, strict=True
+        )
+    ]
+    return max_scales(dims)
+
+
+def _avg_pool(
+    op: str,
+    pool: Callable[..., Tensor],
+    n: int,
+    input: Tensor,
+    kernel_size: _Size,
+    stride: _Size | None,
+    padding: _Size,
+    ceil_mode: bool,
+    count_include_pad: bool,
+    divisor_override: int | None,
+    constraint: str | None,
+) -> Tensor:
+    validate_constraint(constraint)
+    spatial, kernel, strides, pads, _ = _pool_args(
+        op, n, input, kernel_size, stride, padding, 1
+    )
+    scales = _avg_pool_scales(
+        spatial, kernel, strides, pads, ceil_mode, count_include_pad, divisor_override
+    )
+    extra = () if divisor_override is None else (divisor_override,)
+    return scaled_unary(
+        lambda x: pool(
+            x, kernel_size, stride, padding, ceil_mode, count_include_pad, *extra
+        ),
+        input,
+        *scales,
+        constraint,
+    )
+
+
+def _max_pool(
+    op: str,
+    pool: Callable[..., Tensor | tuple[Tensor, Tensor]],
+    n: int,
+    input: Tensor,
+    kernel_size: _Size,
+    stride: _Size | None,
+    padding: _Size,
+    dilation: _Size,
+    ceil_mode: bool,
+    return_indices: bool,
+    constraint: str | None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    validate_constraint(constraint)
+    spatial, kernel, strides, pads, dilations = _pool_args(
+        op, n, input, kernel_size, stride, padding, dilation
+    )
+    scales = _max_pool_scales(spatial, kernel, strides, pads, dilations, ceil_mode)
+    return scaled_unary(
+        lambda x: pool(
+            x,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            ceil_mode=ceil_mode,
+            return_indices=return_indices,
+        ),
+        input,
+        *scales,
+        constraint,
+    )
+
+
+def avg_pool1d(
+    input: Tensor,
+    kernel_size: _Size,
+    stride: _Size | None = None,
+    padding: _Size = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    constraint: str | None = "to_output_scale",
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.avg_pool1d`.
+
+    .. math::
+        y = \\alpha\\, \\mathrm{avgpool}(x), \\qquad
+        \\partial_x = \\beta\\, \\mathrm{avgpool}^T(\\partial_y), \\qquad
+        \\alpha = \\left(\\frac{n_{out}}{\\lVert M \\rVert^2}\\right)^{1/2},\\quad
+        \\beta = \\left(\\frac{n_{in}}{\\lVert M \\rVert^2}\\right)^{1/2}
+
+    where ``M`` is the pooling's ``n_out × n_in`` averaging matrix (from torch's
+    windows, padding and divisor), so that both are exact for i.i.d. unit-normal
+    data. Away from the borders :math:`\\alpha = K^{1/2}` and
+    :math:`\\beta = (K S)^{1/2}` for kernel size ``K`` and stride ``S``. The
+    constraint ties ``(alpha, beta)``: by default both are ``alpha``, and the
+    input gradient then has RMS about :math:`S^{-1/2}`.
+
+    Args:
+        input: ``(N, C, L)`` or ``(C, L)``.
+        kernel_size, stride, padding, ceil_mode, count_include_pad: as in torch.
+        constraint: applied to ``(alpha, beta)``; see
+            :mod:`unit_scaling.constraints`.
+
+    Example::
+
+        >>> y = U.avg_pool1d(torch.randn(8, 16, 100), 4)
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    return _avg_pool(
+        "avg_pool1d",
+        F.avg_pool1d,
+        1,
+        input,
+        kernel_size,
+        stride,
+        padding,
+        ceil_mode,
+        count_include_pad,
+        None,
+        constraint,
+    )
+
+
+def avg_pool2d(
+    input: Tensor,
+    kernel_size: _Size,
+    stride: _Size | None = None,
+    padding: _Size = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+    constraint: str | None = "to_output_scale",
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.avg_pool2d`.
+
+    As :func:`avg_pool1d` (exact scales from the averaging matrix; away from the
+    borders :math:`\\alpha = K^{1/2}`, :math:`\\beta = (K S)^{1/2}` with
+    ``K = kH·kW`` and ``S = sH·sW``). With ``divisor_override = d`` each window
+    sum is divided by ``d``, and the scales follow (interior:
+    :math:`\\alpha = d K^{-1/2}`, :math:`\\beta = d (S/K)^{1/2}`).
+
+    Args:
+        input: ``(N, C, H, W)`` or ``(C, H, W)``.
+        kernel_size, stride, padding, ceil_mode, count_include_pad,
+            divisor_override: as in torch.
+        constraint: applied to ``(alpha, beta)``; see
+            :mod:`unit_scaling.constraints`.
+
+    Example::
+
+        >>> y = U.avg_pool2d(torch.randn(8, 16, 32, 32), 2)
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    return _avg_pool(
+        "avg_pool2d",
+        F.avg_pool2d,
+        2,
+        input,
+        kernel_size,
+        stride,
+        padding,
+        ceil_mode,
+        count_include_pad,
+        divisor_override,
+        constraint,
+    )
+
+
+def avg_pool3d(
+    input: Tensor,
+    kernel_size: _Size,
+    stride: _Size | None = None,
+    padding: _Size = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+    constraint: str | None = "to_output_scale",
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.avg_pool3d`.
+
+    As :func:`avg_pool2d`, with ``K = kD·kH·kW`` and ``S = sD·sH·sW``.
+
+    Args:
+        input: ``(N, C, D, H, W)`` or ``(C, D, H, W)``.
+        kernel_size, stride, padding, ceil_mode, count_include_pad,
+            divisor_override: as in torch.
+        constraint: applied to ``(alpha, beta)``; see
+            :mod:`unit_scaling.constraints`.
+
+    Example::
+
+        >>> y = U.avg_pool3d(torch.randn(4, 8, 16, 16, 16), 2)
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    return _avg_pool(
+        "avg_pool3d",
+        F.avg_pool3d,
+        3,
+        input,
+        kernel_size,
+        stride,
+        padding,
+        ceil_mode,
+        count_include_pad,
+        divisor_override,
+        constraint,
+    )
+
+
+def max_pool1d(
+    input: Tensor,
+    kernel_size: _Size,
+    stride: _Size | None = None,
+    padding: _Size = 0,
+    dilation: _Size = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+    constraint: str | None = "to_output_scale",
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Unit-scaled :func:`torch.nn.functional.max_pool1d`.
+
+    .. math::
+        y = \\alpha \\max_{j \\in w} x_j, \\qquad
+        \\alpha = 1 / \\mathrm{std}\\Big[\\max_{j \\le K} x_j\\Big],\\qquad
+        \\beta = (n_{in} / n_{out})^{1/2} \\approx S^{1/2}
+
+    for kernel size ``K`` and stride ``S``. The maximum of ``K`` unit normals
+    has standard deviation 1, 0.826, 0.701, 0.598 and 0.451 for ``K`` = 1, 2, 4,
+    9 and 64 (computed by numerical integration, exact to ``1e-9``); where
+    padding or partial windows leave fewer valid elements, ``alpha`` accounts for
+    the mixture of window sizes. Each window's gradient reaches exactly one
+    element, so ``beta`` is exact. The output's mean (e.g. 1.03 for ``K = 4``)
+    is not normalised, as for :func:`~unit_scaling.functional.relu`. The
+    constraint ties ``(alpha, beta)``.
+
+    Args:
+        input: ``(N, C, L)`` or ``(C, L)``.
+        kernel_size, stride, padding, dilation, ceil_mode: as in torch.
+        return_indices: also return the argmax indices, as torch does (only the
+            output is scaled).
+        constraint: applied to ``(alpha, beta)``; see
+            :mod:`unit_scaling.constraints`.
+
+    Example::
+
+        >>> y = U.max_pool1d(torch.randn(8, 16, 100), 4)
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    return _max_pool(
+        "max_pool1d",
+        F.max_pool1d,
+        1,
+        input,
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        ceil_mode,
+        return_indices,
+        constraint,
+    )
+
+
+def max_pool2d(
+    input: Tensor,
+    kernel_size: _Size,
+    stride: _Size | None = None,
+    padding: _Size = 0,
+    dilation: _Size = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+    constraint: str | None = "to_output_scale",
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Unit-scaled :func:`torch.nn.functional.max_pool2d`.
+
+    As :func:`max_pool1d`, with ``K = kH·kW`` and ``S = sH·sW``.
+
+    Args:
+        input: ``(N, C, H, W)`` or ``(C, H, W)``.
+        kernel_size, stride, padding, dilation, ceil_mode: as in torch.
+        return_indices: also return the argmax indices, as torch does (only the
+            output is scaled).
+        constraint: applied to ``(alpha, beta)``; see
+            :mod:`unit_scaling.constraints`.
+
+    Example::
+
+        >>> y = U.max_pool2d(torch.randn(8, 16, 32, 32), 2)
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    return _max_pool(
+        "max_pool2d",
+        F.max_pool2d,
+        2,
+        input,
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        ceil_mode,
+        return_indices,
+        constraint,
+    )
+
+
+def max_pool3d(
+    input: Tensor,
+    kernel_size: _Size,
+    stride: _Size | None = None,
+    padding: _Size = 0,
+    dilation: _Size = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+    constraint: str | None = "to_output_scale",
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Unit-scaled :func:`torch.nn.functional.max_pool3d`.
+
+    As :func:`max_pool1d`, with ``K = kD·kH·kW`` and ``S = sD·sH·sW``.
+
+    Args:
+        input: ``(N, C, D, H, W)`` or ``(C, D, H, W)``.
+        kernel_size, stride, padding, dilation, ceil_mode: as in torch.
+        return_indices: also return the argmax indices, as torch does (only the
+            output is scaled).
+        constraint: applied to ``(alpha, beta)``; see
+            :mod:`unit_scaling.constraints`.
+
+    Example::
+
+        >>> y = U.max_pool3d(torch.randn(4, 8, 16, 16, 16), 2)
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    return _max_pool(
+        "max_pool3d",
+        F.max_pool3d,
+        3,
+        input,
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        ceil_mode,
+        return_indices,
+        constraint,
+    )
