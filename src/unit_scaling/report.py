@@ -1,8 +1,10 @@
 """``unit-scaling report``: the tensor scales of a model before and after unit_scale.
 
-A model is named either ``package.module:factory`` (a callable returning an
-``nn.Module``, or a ``(module, batch)`` pair) or ``hf:<family>[:<size>]`` for a
-Hugging Face model built offline from its config with random weights.
+A model is named ``package.module:factory`` (a callable returning an
+``nn.Module``, or a ``(module, batch)`` pair), ``hf:<family>[:<size>]`` for a
+Hugging Face language model built offline from its config with random weights,
+or ``zoo:<name>`` for any architecture of :mod:`unit_scaling.zoo` (run on its own
+example inputs, with a unit-normal gradient on its output).
 The report is a scale plot for each version, a CSV of every tensor's statistics
 (including the fractions FP8 E4M3/E5M2 would overflow or flush to zero) and a
 markdown summary.
@@ -92,12 +94,27 @@ HF_FAMILIES: dict[str, Callable[[str], nn.Module]] = {
 _SIZES = ("tiny", "small")
 
 
+def _zoo_model(spec: str) -> Any:
+    """The :class:`unit_scaling.zoo.ZooModel` named by ``zoo:<name>``, else None."""
+    if not spec.startswith("zoo:"):
+        return None
+    from . import zoo
+
+    return zoo.get(spec[4:])
+
+
 def load_model(spec: str) -> tuple[nn.Module, Tensor | None]:
     """The model named by ``spec`` and, if its factory gave one, its batch.
 
     Raises:
         ValueError: for a malformed or unknown name, with the accepted forms.
     """
+    found = _zoo_model(spec)
+    if found is not None:
+        try:
+            return found.make(), None
+        except ImportError as error:
+            raise ValueError(f"{spec}: {error}") from error
     if spec.startswith("hf:"):
         family, _, size = spec[3:].partition(":")
         size = size or "tiny"
@@ -142,7 +159,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the report's options to ``parser``."""
     parser.add_argument(
         "model",
-        help="package.module:factory or hf:<family>[:<size>], e.g. hf:gpt2:tiny",
+        help="package.module:factory, hf:<family>[:<size>] (e.g. hf:gpt2:tiny) or "
+        "zoo:<name> (e.g. zoo:mixtral; see unit_scaling.zoo.names())",
     )
     parser.add_argument(
         "--out",
@@ -171,13 +189,33 @@ def run(args: argparse.Namespace) -> list[Path]:
     import matplotlib.pyplot as plt
     import pandas as pd  # type: ignore[import-untyped,unused-ignore]
 
-    from .analysis import example_batch, graph_to_dataframe, plot, scales_graph
-    from .transforms import prune_same_scale_tensors, unit_scale
+    from .analysis import example_batch, graph_to_dataframe, language_model_loss, plot
+    from .transforms import (
+        prune_same_scale_tensors,
+        track_scales,
+        unit_scale,
+        unit_scale_report,
+    )
 
     torch.manual_seed(args.seed)
     model, batch = load_model(args.model)
-    if batch is None:
+    zoo_model = _zoo_model(args.model)
+    if batch is None and zoo_model is None:
         batch = example_batch(args.batch_size, args.seq_len, seed=args.seed)
+
+    def tracked_run(candidate: nn.Module) -> nn.Module:
+        """``candidate`` tracked, after one forward and backward pass."""
+        tracked = track_scales(candidate)
+        if zoo_model is None:
+            assert batch is not None
+            loss = language_model_loss(tracked, batch)
+            loss.backward()  # type: ignore[no-untyped-call]
+        else:
+            out = zoo_model.run(tracked, args.seed, 0)
+            grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
+            out.backward(grad.to(out))
+        return tracked
+
     args.out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     frames = []
@@ -187,8 +225,9 @@ def run(args: argparse.Namespace) -> list[Path]:
         "any E5M2 underflow |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
-    for version, candidate in (("before", model), ("after", unit_scale(model))):
-        graph = prune_same_scale_tensors(scales_graph(candidate, batch))
+    runs = {"before": tracked_run(model), "after": tracked_run(unit_scale(model))}
+    for version, tracked in runs.items():
+        graph = prune_same_scale_tensors(tracked.scales_graph())  # type: ignore[operator]
         df = graph_to_dataframe(graph)
         df.insert(0, "version", version)
         frames.append(df)
@@ -215,7 +254,16 @@ def run(args: argparse.Namespace) -> list[Path]:
         "",
         f"Every tensor's statistics: [{csv.name}]({csv.name}).",
     ]
+    summary = unit_scale_report(runs["after"])
+    lines += ["", "## What unit_scale did", "", "```", str(summary), "```"]
+    if summary.left_as_is:
+        lines += [
+            "",
+            "Left as they are (no rule, no calibration): "
+            + summary.warning_text(summary.left_as_is),
+        ]
     report = args.out / "report.md"
     report.write_text("\n".join(lines) + "\n")
     print("\n".join(lines[1 : lines.index("")]))
+    print(summary)
     return [*written, csv, report]

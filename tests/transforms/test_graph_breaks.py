@@ -86,7 +86,9 @@ def test_every_subgraph_is_unit_scaled(
     unit_backward(out)
     unit_backward(expected)
     for got, want in zip(_grads(model), _grads(reference), strict=True):
-        torch.testing.assert_close(got, want)
+        # The same gradients up to each parameter's calibrated scale.
+        cosine = torch.dot(got.flatten(), want.flatten()) / (got.norm() * want.norm())
+        assert float(cosine) == pytest.approx(1, abs=1e-5)
 
     messages = [r.getMessage() for r in caplog.records]
     assert sum("running unit_scale transform" in m for m in messages) == 2

@@ -7,6 +7,9 @@ compose in any order the documents allow::
 
     model = compile(simulate_fp8(unit_scale(model)))
     model = track_scales(unit_scale(model))
+
+``unit_scale(model).unit_scale_report()`` says what was done to every op and
+parameter (see :class:`UnitScaleReport`).
 """
 
 from .compile import compile
@@ -18,10 +21,11 @@ from .track_scales import (
     prune_selected_nodes,
     track_scales,
 )
-from .unit_scale import unit_scale
+from .unit_scale import UnitScaleReport, unit_scale, unit_scale_report
 
 __all__ = [
     "Metrics",
+    "UnitScaleReport",
     "compile",
     "prune_non_float_tensors",
     "prune_same_scale_tensors",
@@ -30,4 +34,5 @@ __all__ = [
     "simulate_fp8",
     "track_scales",
     "unit_scale",
+    "unit_scale_report",
 ]

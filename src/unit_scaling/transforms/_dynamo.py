@@ -31,7 +31,7 @@ import logging
 import types
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import torch
 import torch._dynamo
@@ -45,7 +45,6 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=nn.Module)
-GraphPass = Callable[[GraphModule], GraphModule]
 Executor = Callable[[GraphModule, Sequence[Any]], Callable[..., Any]]
 
 _STATE_ATTR = "_unit_scaling_transforms"
@@ -251,6 +250,20 @@ class _Capture:
     last_outputs: tuple[Any, ...] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class CaptureContext:
+    """What a :class:`CapturePass` sees besides the graph: the real inputs Dynamo
+    captured it with (parameters and buffers included, in placeholder order), the
+    module, and the ids of the module's buffers."""
+
+    example_inputs: Sequence[Any]
+    module: nn.Module
+    buffers: frozenset[int]
+    # ids of the tensors the caller passed to the module in this call (graph
+    # inputs that are the model's own inputs, not activations of an earlier graph)
+    call_inputs: frozenset[int] = frozenset()
+
+
 class StatefulPass:
     """A graph pass holding per-module state (e.g. recorded statistics).
 
@@ -278,6 +291,10 @@ class TransformState:
     after_first_call: list[Callable[[TransformState], None]] = dataclasses.field(
         default_factory=list
     )
+    # Run after every eager call with the call's output.
+    after_call: list[Callable[[TransformState, Any], None]] = dataclasses.field(
+        default_factory=list
+    )
     # Extra module attributes bound to this state, e.g. track_scales' scales_graph.
     attributes: dict[str, Callable[[TransformState], Any]] = dataclasses.field(
         default_factory=dict
@@ -289,11 +306,13 @@ class TransformState:
     record_outputs: bool = False
     graphs_run_in_call: list[_Capture] = dataclasses.field(default_factory=list)
     replays: dict[tuple[Any, ...], _Replay] = dataclasses.field(default_factory=dict)
+    # Run-time flags of the after_call hooks (fresh for every copy).
+    flags: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def copy_for(self) -> TransformState:
         """The same transforms, with nothing captured (or recorded) yet."""
         passes = [
-            (name, p.fresh() if isinstance(p, StatefulPass) else p)
+            (name, p.fresh() if isinstance(p, (StatefulPass, CapturePass)) else p)
             for name, p in self.passes
         ]
         return TransformState(
@@ -303,6 +322,7 @@ class TransformState:
             self.non_recurse,
             list(self.before_call),
             list(self.after_first_call),
+            list(self.after_call),
             dict(self.attributes),
         )
 
@@ -330,10 +350,42 @@ def transform_state(module: nn.Module) -> TransformState | None:
     return state if isinstance(state, TransformState) else None
 
 
-def _run_passes(state: TransformState, gm: GraphModule) -> GraphModule:
+def _concrete(value: Any) -> Any:
+    """A symbolic size Dynamo passes for a dynamic-shape graph, as the concrete
+    value it had in this call (its hint); anything else unchanged."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+        if isinstance(value, torch.SymInt):
+            return optimization_hint(value)
+        return value.node.hint
+    return value
+
+
+class CapturePass:
+    """A graph pass holding per-module state that also needs the
+    :class:`CaptureContext`. ``fresh()`` returns the instance a copied module
+    starts from."""
+
+    def __call__(self, gm: GraphModule, context: CaptureContext) -> GraphModule:
+        raise NotImplementedError
+
+    def fresh(self) -> CapturePass:
+        raise NotImplementedError
+
+
+GraphPass: TypeAlias = Callable[[GraphModule], GraphModule] | CapturePass
+
+
+def _run_passes(
+    state: TransformState, gm: GraphModule, context: CaptureContext
+) -> GraphModule:
     for name, graph_pass in state.passes:
         logger.info("running %s transform", name)
-        gm = graph_pass(gm)
+        if isinstance(graph_pass, CapturePass):
+            gm = graph_pass(gm, context)
+        else:
+            gm = graph_pass(gm)
     gm.graph.lint()
     gm.recompile()
     return gm
@@ -401,7 +453,17 @@ class _TransformedForward:
             if state.current_call is not None
             else None
         )
-        gm = _run_passes(state, gm)
+        context = CaptureContext(
+            [_concrete(x) for x in example_inputs],
+            self._module,
+            frozenset(id(b) for b in self._module.buffers()),
+            frozenset(
+                id(x)
+                for x in pytree.tree_leaves(state.current_call or ())
+                if isinstance(x, Tensor)
+            ),
+        )
+        gm = _run_passes(state, gm, context)
         capture = _Capture(gm, replay_inputs)
         state.captures.append(capture)
         run = state.executor(gm, example_inputs) if state.executor else gm.forward
@@ -459,6 +521,8 @@ class _TransformedForward:
         if state.calls == 1:
             for check in state.after_first_call:
                 check(state)
+        for hook in state.after_call:
+            hook(state, output)
         return output
 
     def _record_replay(
@@ -620,3 +684,53 @@ def _copy_untransformed(module: M, state: TransformState | None) -> M:
         return copy.deepcopy(module)
     finally:
         module.__dict__.update(saved)
+
+
+# --------------------------------------------------------------------------- #
+# functorch: graphs of vmap-traced code (e.g. associative_scan's generic mode).
+# --------------------------------------------------------------------------- #
+
+
+def is_functorch_internal(target: Any) -> bool:
+    """Whether a graph target is one of functorch's level-manipulating internals
+    (``_vmap_increment_nesting``, ``_add_batch_dim``, ...), which Dynamo inlines
+    when it traces ``vmap``: such ops only make sense in a whole graph, between
+    their matching increment and decrement."""
+    module = getattr(target, "__module__", None) or ""
+    return module.startswith(("torch._functorch", "torch._C._functorch"))
+
+
+@contextlib.contextmanager
+def restore_functorch_levels() -> Iterator[None]:
+    """Undo functorch levels left open by a graph that failed half-way through a
+    vmap-traced region, so that the failure does not leak into later calls."""
+    functorch = torch._C._functorch
+    before = functorch.maybe_current_level()
+    try:
+        yield
+    finally:
+        while True:
+            level = functorch.maybe_current_level()
+            if level is None or (before is not None and level <= before):
+                break
+            functorch._vmap_decrement_nesting()
+
+
+def functorch_sections(graph: Any) -> list[list[Any]]:
+    """The runs of nodes between ``_vmap_increment_nesting`` and the matching
+    ``_vmap_decrement_nesting`` (both included): code Dynamo traced under
+    ``vmap``, whose tensors carry batch levels and must be left as they are."""
+    sections: list[list[Any]] = []
+    depth = 0
+    for node in graph.nodes:
+        name = getattr(node.target, "__name__", "")
+        internal = is_functorch_internal(node.target)
+        if internal and name == "_vmap_increment_nesting":
+            if depth == 0:
+                sections.append([])
+            depth += 1
+        if depth > 0:
+            sections[-1].append(node)
+        if internal and name == "_vmap_decrement_nesting":
+            depth = max(depth - 1, 0)
+    return sections

@@ -127,3 +127,72 @@ def have_common_ancestor(
             if follow(parent):
                 heapq.heappush(heap, (-index[parent], side, parent))
     return False
+
+
+# Ops whose result may share memory with their first argument.
+_VIEW_METHODS = frozenset(
+    [
+        "view",
+        "view_as",
+        "reshape",
+        "reshape_as",
+        "transpose",
+        "permute",
+        "t",
+        "expand",
+        "expand_as",
+        "squeeze",
+        "unsqueeze",
+        "flatten",
+        "unflatten",
+        "narrow",
+        "select",
+        "split",
+        "chunk",
+        "unbind",
+        "diagonal",
+        "unfold",
+        "as_strided",
+        "movedim",
+        "swapaxes",
+        "contiguous",
+        "detach",
+    ]
+)
+_VIEW_FUNCTIONS = frozenset(
+    {
+        torch.reshape,
+        torch.transpose,
+        torch.permute,
+        torch.t,
+        torch.squeeze,
+        torch.unsqueeze,
+        torch.flatten,
+        torch.narrow,
+        torch.select,
+        torch.split,
+        torch.chunk,
+        torch.unbind,
+        torch.movedim,
+        torch.swapaxes,
+        torch.diagonal,
+        torch.detach,
+        operator.getitem,
+    }
+)
+
+
+def is_view_node(node: Node) -> bool:
+    """True if ``node``'s value may alias (share memory with) its first argument:
+    views, reshapes, slicing, splitting (conservatively, also ops that only
+    sometimes return a view, such as ``reshape`` and ``contiguous``)."""
+    if node.op == "call_method":
+        return node.target in _VIEW_METHODS
+    if node.op == "call_function" and node.target is operator.getitem:
+        # Slicing a tensor, or taking a piece of split/chunk/unbind, is a view;
+        # taking an output of topk, sort or max is not.
+        source = node.args[0]
+        return isinstance(example_value(source), Tensor) or (
+            isinstance(source, Node) and is_view_node(source)
+        )
+    return node.op == "call_function" and node.target in _VIEW_FUNCTIONS

@@ -1,13 +1,13 @@
-"""Rewrite known library layers into the torch functions they compute.
+"""Rewrite torch's ``nn.MultiheadAttention`` into the functions it computes.
 
-Real models often implement standard ops by hand: Hugging Face's GPT-2 writes its
-tanh-approximated GELU as ``0.5 * x * (1 + tanh(...))`` and its linear layers as
-``addmm`` with a transposed weight (``Conv1D``); Llama-style models write RMSNorm
-with ``pow``/``mean``/``rsqrt``. Unit scaling recognises ``F.gelu``,
-``F.linear`` and ``F.rms_norm``, not the hand-written forms, so before tracing we
-swap such layers for small modules that call the torch function on the *same*
-parameters. Each swap is validated numerically against the original layer on a
-random input and skipped (with a log line) if the two disagree.
+TorchDynamo records ``nn.MultiheadAttention`` as one opaque call, which unit
+scaling cannot see into; :class:`AttentionFunctions` computes the same function
+with ``F.linear`` and ``F.scaled_dot_product_attention`` on the same parameters,
+and is validated numerically against the layer before it replaces it. (Layers
+other libraries write by hand, such as RMSNorm, tanh GELU or GPT-2's ``Conv1D``,
+need no such rewrite: the graph rules of ``_patterns`` and ``_recognise``
+recognise what they compute.) User-listed classes in ``replace=`` are swapped
+for :class:`CallReplacement` here too.
 """
 
 from __future__ import annotations
@@ -24,37 +24,6 @@ from torch import Tensor, nn
 __all__ = ["rewrite_library_modules"]
 
 logger = logging.getLogger("unit_scaling.transforms.unit_scale")
-
-
-class TanhGELU(nn.Module):
-    """``F.gelu(x, approximate="tanh")``: stands in for hand-written GELUs."""
-
-    def forward(self, input: Tensor) -> Tensor:
-        return F.gelu(input, approximate="tanh")
-
-
-class RMSNormFunction(nn.Module):
-    """``F.rms_norm`` over the last dimension with an existing gain parameter."""
-
-    def __init__(self, weight: nn.Parameter, eps: float | None) -> None:
-        super().__init__()
-        self.weight = weight
-        self.eps = eps
-
-    def forward(self, input: Tensor) -> Tensor:
-        return F.rms_norm(input, (self.weight.shape[0],), self.weight, self.eps)
-
-
-class TransposedLinear(nn.Module):
-    """``F.linear`` with an ``(in, out)`` weight, as Hugging Face ``Conv1D`` has."""
-
-    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None) -> None:
-        super().__init__()
-        self.weight = weight
-        self.bias = bias
-
-    def forward(self, input: Tensor) -> Tensor:
-        return F.linear(input, self.weight.t(), self.bias)
 
 
 def _additive(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
@@ -204,36 +173,12 @@ def _attention_probe(module: nn.Module) -> Tensor:
     return out
 
 
-_GELU_CLASSES = {
-    "NewGELUActivation",
-    "FastGELUActivation",
-    "GELUTanh",
-    "PytorchGELUTanh",
-    "GELUPytorchTanh",
-}
-
-
 def _candidate(module: nn.Module) -> tuple[nn.Module, Any] | None:
     """A replacement for ``module`` and how to validate it: an input shape, or a
     function that runs a module on a fixed random input."""
-    name = type(module).__name__
     if isinstance(module, nn.MultiheadAttention):
         supported = module.bias_k is None and not module.add_zero_attn
         return (AttentionFunctions(module), _attention_probe) if supported else None
-    if name in _GELU_CLASSES:
-        return TanhGELU(), (4, 16)
-    weight = getattr(module, "weight", None)
-    if name.endswith("RMSNorm") or name == "T5LayerNorm":
-        eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-        if (
-            isinstance(weight, nn.Parameter)
-            and weight.dim() == 1
-            and isinstance(eps, float)
-        ):
-            return RMSNormFunction(weight, eps), (4, weight.shape[0])
-    if name == "Conv1D" and isinstance(weight, nn.Parameter) and weight.dim() == 2:
-        bias = getattr(module, "bias", None)
-        return TransposedLinear(weight, bias), (4, weight.shape[0])
     return None
 
 
@@ -273,9 +218,10 @@ def _agrees(original: nn.Module, replacement: nn.Module, probe: Any) -> bool:
     )
 
 
-# Library functions kept whole while tracing: they are exact transformations
-# (rotary embeddings rotate q and k, keeping their scale), and unit-scaling the
-# elementwise ops inside them would change what they compute.
+# Library functions kept whole while tracing, by name. Rotary embeddings rotate
+# q and k (an exact, norm-preserving map); kept whole they are one op of unit gain
+# (calibration confirms it), instead of a dozen slices and products whose
+# intermediate gradients are not meaningful scales.
 _OPAQUE_FUNCTION_NAMES = ("apply_rotary_pos_emb",)
 
 

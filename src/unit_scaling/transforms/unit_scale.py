@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import operator
@@ -12,67 +13,97 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 from torch.fx import Graph, GraphModule, Node
+from torch.utils import _pytree as pytree
 
 from .. import functional as U
-from ._dynamo import GraphPass, apply_transform, transform_state
-from ._graph import (
-    all_ancestors,
-    ancestors_between,
-    example_value,
-    have_common_ancestor,
-    is_add,
-    is_float_tensor_node,
-    node_index,
-    retarget,
+from ..scale import scale_bwd
+from ._consistency import unconstrain_consistently
+from ._dynamo import (
+    CaptureContext,
+    CapturePass,
+    GraphPass,
+    apply_transform,
+    bind_attribute,
+    functorch_sections,
+    is_functorch_internal,
+    transform_state,
 )
+from ._gradients import (
+    CUT_TOLERANCE,
+    PARAMETER_TOLERANCE,
+    ZERO_GRADIENT,
+    calibrate_gradients,
+    compensate_parameters,
+    cut_vertices,
+    downstream_factor,
+    rounded,
+    scale_gradient,
+)
+from ._graph import all_ancestors, have_common_ancestor, is_add, retarget
+from ._inplace import functionalize_inplace
 from ._library import (
-    AttentionFunctions,
-    TransposedLinear,
     opaque_library_functions,
     opaque_rewrite_functions,
     rewrite_library_modules,
 )
+from ._params import (
+    graph_roles,
+    initialise,
+    scale_direct_parameter_gradients,
+    unit_init_layers,
+)
+from ._patterns import rewrite_patterns
+from ._recognise import recognise, replace_region
+from ._regions import (
+    UNIT_TOLERANCE,
+    Region,
+    apply_output_scales,
+    calibrate,
+    find_regions,
+)
+from ._report import OpRecord, ParameterRecord, UnitScaleReport
+from ._residuals import find_residuals, rewrite_residual
+from ._rules import (
+    CONSTRAINED,
+    ELEMENTWISE,
+    UNIT_SCALED_FUNCTIONS,
+    accepts,
+    get_argument,
+    module_path,
+    rule_for,
+    set_argument,
+)
+from ._targets import calibrated_scale, sum_branches
+from ._values import GraphValues, Kind, graph_values
 
-__all__ = ["unit_scale"]
+__all__ = [
+    "UNIT_SCALED_FUNCTIONS",
+    "UnitScaleReport",
+    "unit_scale",
+    "unit_scale_report",
+]
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=nn.Module)
 
-# Tensor methods with a unit-scaled equivalent taking the tensor first.
-_METHOD_MAP: dict[str, Callable[..., Any]] = {
-    "softmax": U.softmax,
-    "matmul": U.matmul,
-    "bmm": U.bmm,
-    "relu": U.relu,
-    "tanh": U.tanh,
-    "sigmoid": U.sigmoid,
-    "__matmul__": U.matmul,
-}
-# Ops whose presence in a residual branch marks it as self-attention (tau 0.01).
-_ATTENTION = {U.scaled_dot_product_attention, U.softmax}
-# Ops with a weight: a residual branch contains at least one of these (this keeps
-# hand-written formulas such as `x + 0.044715 * x**3` from passing as residuals).
-_WEIGHTED = {
-    U.linear,
-    U.linear_readout,
-    U.matmul,
-    U.bmm,
-    U.einsum,
-    U.conv1d,
-    U.conv2d,
-    U.scaled_dot_product_attention,
-    U.embedding,
-}
-_ADD_TARGETS = {operator.add, operator.iadd, torch.add}
+# Our own graph targets, which the other stages leave alone.
+_OURS = frozenset({*UNIT_SCALED_FUNCTIONS, scale_bwd, calibrated_scale, sum_branches})
 
-# Every unit-scaled function is kept opaque while tracing, so that the F.* calls
-# inside it are not unit-scaled a second time. (residual_apply takes a function,
-# which cannot be a graph argument; Dynamo traces it into its opaque parts.)
-UNIT_SCALED_FUNCTIONS: tuple[Callable[..., Any], ...] = tuple(
-    getattr(U, name)
-    for name in U.__all__
-    if callable(getattr(U, name)) and name != "residual_apply"
-)
+
+def _name(node: Node) -> str:
+    target = node.target
+    if isinstance(target, str):
+        return target
+    return str(getattr(target, "__name__", target)).strip("_")
+
+
+def _record(report: UnitScaleReport, node: Node, how: Any, detail: str = "") -> None:
+    report.ops.append(OpRecord(_name(node), how, module_path(node), detail))
+
+
+# --------------------------------------------------------------------------- #
+# Stages.
+# --------------------------------------------------------------------------- #
 
 
 def _replace_functions(
@@ -90,225 +121,443 @@ def _replace_functions(
             retarget(node, target)
 
 
-def _replace_with_unit_scaled(graph: Graph) -> None:
+def _rebind(node: Node, original: Any, target: Callable[..., Any]) -> None:
+    """Pass ``node``'s arguments to ``target`` by name, as ``original`` named them,
+    so that a unit-scaled function whose extra arguments sit between torch's in
+    a different order still receives each one correctly."""
+    try:
+        signature = inspect.signature(original)
+        bound = signature.bind(*node.args, **node.kwargs)
+    except (TypeError, ValueError):
+        retarget(node, target)
+        return
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    if any(p.kind in variadic for p in signature.parameters.values()):
+        retarget(node, target)  # e.g. torch.einsum(equation, *operands)
+        return
+    names = list(bound.arguments)
+    first = names[0] if names else None
+    if first is None or not all(accepts(target, n) for n in names[1:]):
+        retarget(node, target)
+        return
+    args = (bound.arguments[first],)
+    kwargs = {n: bound.arguments[n] for n in names[1:]}
+    retarget(node, target, args, kwargs)
+
+
+def _replace_with_unit_scaled(
+    graph: Graph, values: GraphValues, report: UnitScaleReport
+) -> None:
+    """Ops with an analytic rule (elementwise functions are left to the regions)."""
     for node in graph.nodes:
         if is_add(node):
             continue  # adds are handled once residuals are known
-        target: Callable[..., Any] | None = None
-        if node.op == "call_function" and node.target in U.torch_map:
-            target = U.torch_map[node.target]
-        elif node.op == "call_method" and node.target in _METHOD_MAP:
-            target = _METHOD_MAP[node.target]
-        if target is not None:
-            logger.info("unit scaling function: %s", node)
+        target = rule_for(node)
+        if target is None or target in ELEMENTWISE or not values.is_data(node):
+            continue  # constants (masks, rotary tables) keep their plain ops
+        logger.info("unit scaling function: %s", node)
+        _record(report, node, "analytic")
+        original = node.target
+        if node.op == "call_function":
+            _rebind(node, original, target)
+        else:
             retarget(node, target)
-            if target is U.scaled_dot_product_attention:
-                _keep_attention_temperature(node)
-            if "inplace" in inspect.signature(target).parameters and _get_argument(
-                node, "inplace"
-            ):
-                # Unit-scaled ops are out of place; the graph already uses the
-                # returned value, which is what in-place activations return.
-                _set_argument(node, "inplace", False)
+        if target is U.scaled_dot_product_attention:
+            _unit_attention_temperature(node, values)
 
 
-def _keep_attention_temperature(node: Node) -> None:
-    """Pass torch's default ``scale`` explicitly, so that the model keeps its own
-    softmax temperature (see ``U.scaled_dot_product_attention``)."""
-    if node.kwargs.get("scale") is not None or len(node.args) > 6:
+def _unit_attention_temperature(node: Node, values: GraphValues) -> None:
+    """Attention with the unit-scaling temperature ``d**-0.5``: unit-scaled ``q``
+    and ``k`` then give unit-scaled logits, as they do in hand-written attention
+    (a unit-scaled ``q @ k.T``). Models that scale ``q`` themselves, or leave the
+    temperature to their initialisation (T5), lose that scale to unit scaling,
+    so ``scale=`` is set rather than kept; U's own default would be u-μP's
+    ``1/d``."""
+    query = values.tensor(get_argument(node, "query"))
+    if query is None or not query.shape:
         return
-    query = example_value(node.args[0] if node.args else node.kwargs.get("query"))
-    if isinstance(query, Tensor) and isinstance(query.shape[-1], int):
-        node.kwargs = {**node.kwargs, "scale": query.shape[-1] ** -0.5}
+    scale = query.shape[-1] ** -0.5
+    given = get_argument(node, "scale")
+    if given is not None and given != scale:
+        logger.info(
+            "setting attention temperature: %s (scale %g, the model passed %s)",
+            node,
+            scale,
+            given,
+        )
+    set_argument(node, "scale", scale)
 
 
-def _branch_targets(branch: set[Node]) -> set[Any]:
-    return {n.target for n in branch if n.op == "call_function"}
-
-
-def _find_residual(add: Node, index: dict[Node, int]) -> tuple[int, set[Node]] | None:
-    """``(skip_arg_position, branch_nodes)`` if ``add`` is a residual add."""
-    if len(add.args) < 2 or add.kwargs.get("alpha", 1) != 1:
-        return None
-    left, right = add.args[:2]
-    if not (is_float_tensor_node(left) and is_float_tensor_node(right)):
-        return None
-    assert isinstance(left, Node) and isinstance(right, Node)
-    for skip_pos, (skip, residual) in enumerate(((left, right), (right, left))):
-        branch = ancestors_between(residual, skip, index)
-        if branch is not None and _branch_targets(branch) & _WEIGHTED:
-            return skip_pos, branch
-    return None
-
-
-def _unit_scale_residual(
-    graph: Graph, add: Node, skip_pos: int, branch: set[Node]
+def _unit_scale_adds(
+    graph: Graph, values: GraphValues, report: UnitScaleReport
 ) -> None:
-    skip = add.args[skip_pos]
-    residual = add.args[1 - skip_pos]
-    assert isinstance(skip, Node) and isinstance(residual, Node)
-    tau = 0.01 if _branch_targets(branch) & _ATTENTION else 0.5
-    logger.info("unit scaling function: %s (residual-add, tau=%s)", add, tau)
-    with graph.inserting_after(skip):
-        split = graph.call_function(U.residual_split, (skip, tau))
-    with graph.inserting_after(split):
-        branch_input = graph.call_function(operator.getitem, (split, 0))
-    with graph.inserting_after(branch_input):
-        skip_output = graph.call_function(operator.getitem, (split, 1))
-    for user in list(skip.users):
-        if user in branch and user is not add:
-            user.replace_input_with(skip, branch_input)
-    retarget(add, U.residual_add, args=(residual, skip_output, tau), kwargs={})
+    """``a + b`` of two independent activations becomes ``U.add``, which divides
+    by ``sqrt 2``: right only then. Sums of correlated terms (rotary embeddings'
+    ``q cos + rotate(q) sin``) and sums with constants or parameters are left to
+    the regions, which measure them."""
+    index = {node: i for i, node in enumerate(graph.nodes)}
+    for node in list(graph.nodes):
+        if not is_add(node) or not values.is_data(node) or len(node.args) < 2:
+            continue
+        left, right = node.args[:2]
+        if node.kwargs.get("alpha", 1) != 1 or not (
+            values.is_data(left) and values.is_data(right)
+        ):
+            continue
+        assert isinstance(left, Node) and isinstance(right, Node)
+        if have_common_ancestor(left, right, index, values.is_data):
+            continue
+        logger.info("unit scaling function: %s", node)
+        _record(report, node, "analytic")
+        retarget(node, U.add, args=(left, right), kwargs={})
 
 
-def _carries_gradient(node: Any) -> bool:
-    value = example_value(node)
-    return isinstance(value, Tensor) and value.requires_grad
+# Unit-scaled ops whose outputs are far from a zero-mean normal for normal inputs
+# (probabilities, non-negative values): calibration runs them in front of the ops
+# they feed, rather than feeding those ops unit-normal stand-ins.
+_SHAPING = frozenset({U.softmax, U.relu, U.gelu, U.silu, U.sigmoid, U.silu_glu})
 
 
-def _unit_scale_add(node: Node, index: dict[Node, int]) -> None:
-    """Replace ``a + b`` by ``U.add`` when ``a`` and ``b`` are independent
-    activations: ``U.add`` divides by ``sqrt 2``, which is right only then.
-
-    Left alone: adding a constant (a mask, a position table) or a parameter (a
-    bias), and adding two terms derived from a common activation, such as the
-    ``q * cos + rotate(q) * sin`` of rotary embeddings, whose sum keeps the
-    scale of ``q``.
-    """
-    left, right = node.args[:2]
-    if not (_carries_gradient(left) and _carries_gradient(right)):
-        return
-    assert isinstance(left, Node) and isinstance(right, Node)
-    if node.kwargs.get("alpha", 1) != 1 or any(
-        isinstance(example_value(a), nn.Parameter) for a in (left, right)
-    ):
-        return
-    if have_common_ancestor(left, right, index, _carries_gradient):
-        logger.info("keeping add of correlated terms: %s", node)
-        return
-    logger.info("unit scaling function: %s", node)
-    retarget(node, U.add, args=(left, right), kwargs={})
+def _shapes_output(node: Node) -> bool:
+    return node.op == "call_function" and node.target in _SHAPING
 
 
-def _unconstrain_after_last_residual(graph: Graph) -> None:
+# Products no rule covers; like any op with a weight, each is calibrated alone.
+_UNCOVERED_PRODUCTS = frozenset(
+    {torch.mm, torch.addmm, torch.baddbmm, torch.addbmm, "mm", "addmm", "baddbmm"}
+)
+
+
+def _stands_alone(values: GraphValues) -> Callable[[Node], bool]:
+    def alone(node: Node) -> bool:
+        if node.target in _UNCOVERED_PRODUCTS:
+            return True
+        inputs = node.all_input_nodes
+        weight = any(
+            values.kind(a) is Kind.PARAM
+            and (info := values.tensor(a)) is not None
+            and sum(size > 1 for size in info.shape) >= 2
+            for a in inputs
+        )
+        return (
+            weight
+            and any(values.is_data(a) for a in inputs)
+            and node.target not in _ELEMENTWISE_ARITHMETIC
+        )
+
+    return alone
+
+
+_ELEMENTWISE_ARITHMETIC = frozenset(
+    {
+        operator.mul,
+        operator.truediv,
+        operator.add,
+        operator.sub,
+        torch.mul,
+        torch.div,
+        torch.add,
+        torch.sub,
+        torch.cat,
+        "mul",
+        "div",
+        "add",
+        "sub",
+    }
+)
+
+
+def _calibrate_regions(
+    gm: GraphModule,
+    values: GraphValues,
+    report: UnitScaleReport,
+    frozen: set[Node],
+) -> list[Region]:
+    """Calibrate every region of ops no rule covers (see ``_regions``). Outputs
+    that feed frozen code keep their scale: there, the value itself may matter
+    (a scan's decay factor)."""
+    graph = gm.graph
+
+    def covered(node: Node) -> bool:
+        if node in frozen or node.op != "call_function":
+            return node in frozen
+        if node.target is operator.getitem and isinstance(node.args[0], Node):
+            return covered(node.args[0])  # an output of U.residual_split, say
+        return node.target in _OURS
+
+    regions = find_regions(graph, values, covered, _stands_alone(values))
+    keep = {p for node in frozen for p in node.all_input_nodes if p not in frozen}
+    for region in regions:
+        if region.rearranges_only:
+            continue
+        value_ops = [n for n in region.nodes if values.kind(n) is Kind.DATA]
+        if len(region.nodes) == 1:
+            node = region.nodes[0]
+            target = rule_for(node)
+            if target in ELEMENTWISE:
+                assert target is not None
+                logger.info("unit scaling function: %s", node)
+                _record(report, node, "analytic")
+                if node.op == "call_function":
+                    _rebind(node, node.target, target)
+                else:
+                    retarget(node, target)
+                continue
+        anchor = value_ops[-1] if value_ops else region.nodes[-1]
+        names = region.op_names()
+        op = "+".join(
+            names if len(names) <= 4 else [*names[:3], f"{len(names) - 3} more"]
+        )
+        found = recognise(gm, region, values)
+        if found is not None:
+            new = replace_region(graph, region, found)
+            logger.info("recognised %s as %s: %s", op, found.name, new)
+            report.ops.append(
+                OpRecord(
+                    found.name, "analytic", module_path(anchor), f"recognised: {op}"
+                )
+            )
+            continue
+        result = calibrate(gm, region, values, _shapes_output)
+        if isinstance(result, str):
+            region.skipped = result
+            logger.info("leaving ops as is: %s (%s): %s", anchor, op, result)
+            report.ops.append(OpRecord(op, "left as is", module_path(anchor), result))
+            continue
+        region.calibration = result
+        applied = apply_output_scales(graph, region, values, keep)
+        if applied:
+            factors = ", ".join(f"{n.name} x{f:g}" for n, f in applied)
+            logger.info("unit scaling function: %s (calibrated: %s)", anchor, factors)
+            detail = ", ".join(f"x{f:g}" for _, f in applied)
+            report.ops.append(OpRecord(op, "calibrated", module_path(anchor), detail))
+        else:
+            report.ops.append(OpRecord(op, "unit already", module_path(anchor)))
+    return regions
+
+
+def _unconstrain(graph: Graph, regions: list[Region], inputs: set[Node]) -> None:
+    """Ops whose gradient scales need not keep the true gradient get independent
+    ones (``constraint=None``; for calibrated regions, a ``scale_bwd`` on each
+    activation input): every op after the last residual add, and every op fed
+    directly by the model's own ``inputs`` (whose gradients feed nothing)."""
     residual_adds = [n for n in graph.nodes if n.target is U.residual_add]
     before = all_ancestors(residual_adds)
-    for node in graph.nodes:
-        if node in before or node.op != "call_function":
+    for node in list(graph.nodes):
+        if node.op != "call_function":
             continue
-        target = node.target
-        if callable(target) and target in _CONSTRAINED:
+        fed = any(a in inputs for a in node.all_input_nodes)
+        if (node not in before or fed) and node.target in CONSTRAINED:
             logger.info("unconstraining node: %s", node)
-            _set_argument(node, "constraint", None)
+            set_argument(node, "constraint", None)
+    for region in regions:
+        calibration = region.calibration
+        if calibration is None or any(n in before for n in region.nodes):
+            continue
+        inside = set(region.nodes)
+        for source, rms in calibration.input_grad_rms.items():
+            if rms == 0 or 1 / UNIT_TOLERANCE <= rms <= UNIT_TOLERANCE:
+                continue
+            with graph.inserting_after(source):
+                scaled = graph.call_function(scale_bwd, (source, 1 / rms))
+            for user in list(source.users):
+                if user in inside:
+                    user.replace_input_with(source, scaled)
+            logger.info("unconstraining node: %s (gradient x%.4g)", source, 1 / rms)
 
 
-def _get_argument(node: Node, name: str) -> Any:
-    """Argument ``name`` of a call node (``None`` if not given)."""
-    position = list(inspect.signature(node.target).parameters).index(name)  # type: ignore[arg-type]
-    if position < len(node.args):
-        return node.args[position]
-    return node.kwargs.get(name)
+# --------------------------------------------------------------------------- #
+# The pass.
+# --------------------------------------------------------------------------- #
 
 
-def _set_argument(node: Node, name: str, value: Any) -> None:
-    """Set argument ``name`` of a call node, wherever it was passed."""
-    position = list(inspect.signature(node.target).parameters).index(name)  # type: ignore[arg-type]
-    if position < len(node.args):
-        node.args = (*node.args[:position], value, *node.args[position + 1 :])
-    else:
-        node.kwargs = {**node.kwargs, name: value}
+class _UnitScalingPass(CapturePass):
+    """The ``unit_scale`` graph pass, with what it learns across captures: the
+    report, and which parameters have been initialised (by name, so that copies
+    of a transformed module keep their parameters' values)."""
 
+    def __init__(
+        self,
+        replace: dict[Callable[..., Any], Any],
+        initialised: set[str] | None = None,
+        grad_scales: dict[str, float] | None = None,
+    ) -> None:
+        self.replace = replace
+        self.found: set[Any] = set()
+        self.initialised: set[str] = set(initialised or ())
+        # Calibrated parameter-gradient scales, by parameter name: measured at the
+        # first capture that uses a parameter and reused by later ones.
+        self.grad_scales: dict[str, float] = dict(grad_scales or {})
+        self.report = UnitScaleReport()
 
-_CONSTRAINED = {
-    fn
-    for fn in UNIT_SCALED_FUNCTIONS
-    if "constraint" in inspect.signature(fn).parameters
-}
+    def fresh(self) -> _UnitScalingPass:
+        return _UnitScalingPass(self.replace, self.initialised, self.grad_scales)
 
-
-def _unit_scaling_pass(
-    replace: dict[Callable[..., Any], Any], found: set[Any]
-) -> GraphPass:
-    def run(gm: GraphModule) -> GraphModule:
+    def _calibrate_gradients(
+        self,
+        gm: GraphModule,
+        values: GraphValues,
+        context: CaptureContext,
+        readable: dict[Node, str],
+    ) -> None:
+        """Bring gradients to unit scale where the rules leave their scale free
+        (see ``_gradients``): cut vertices, measured at every capture, and
+        parameters, measured at the first capture that uses them and reused."""
         graph = gm.graph
-        _replace_functions(graph, replace, found)
-        _replace_with_unit_scaled(graph)
-        index = node_index(graph)
-        residuals = {}
-        for node in graph.nodes:
-            if is_add(node):
-                residual = _find_residual(node, index)
-                if residual is not None:
-                    residuals[node] = residual
-        for node in list(graph.nodes):
-            if node in residuals:
-                _unit_scale_residual(graph, node, *residuals[node])
-            elif is_add(node):
-                _unit_scale_add(node, index)
-        _unconstrain_after_last_residual(graph)
+        for node, name in readable.items():
+            factor = self.grad_scales.get(name, 1.0)
+            if factor != 1:
+                scale_gradient(graph, node, factor)
+        new = [n for n in readable if readable[n] not in self.grad_scales]
+        cuts, ancestors = cut_vertices(graph, values)
+        # Only where an op with a rule or a calibrated region hands over a tensor:
+        # inside a region, a correction would fight the region's own scale.
+        cuts = [n for n in cuts if n.op == "call_function" and n.target in _OURS]
+        measured = calibrate_gradients(gm, context, values, cuts)
+        if isinstance(measured, str):
+            logger.info("cannot calibrate gradients: %s", measured)
+            self.grad_scales.update((readable[n], 1.0) for n in new)
+            return
+        position = {n: i for i, n in enumerate(graph.nodes)}
+        corrections: dict[Node, float] = {}
+        for vertex in reversed(cuts):
+            rms = measured.vertices.get(vertex)
+            if rms is None or rms < ZERO_GRADIENT:
+                continue
+            rms *= downstream_factor(corrections, ancestors, position[vertex])
+            if not 1 / CUT_TOLERANCE <= rms <= CUT_TOLERANCE:
+                corrections[vertex] = rounded(1 / rms)
+        for vertex, factor in corrections.items():
+            values.record_like(scale_gradient(graph, vertex, factor), vertex)
+            logger.info(
+                "unit scaling gradient: %s (calibrated at a cut vertex: x%g)",
+                vertex,
+                factor,
+            )
+            self.report.ops.append(
+                OpRecord("gradient", "calibrated", module_path(vertex), f"x{factor:g}")
+            )
+        carried = compensate_parameters(graph, list(readable), corrections, ancestors)
+        for node in new:
+            factor = 1.0
+            rms = measured.parameters.get(node)
+            if rms is not None and rms > ZERO_GRADIENT:
+                rms *= carried.get(node, 1.0)
+                if not 1 / PARAMETER_TOLERANCE <= rms <= PARAMETER_TOLERANCE:
+                    factor = rounded(1 / rms)
+                    scale_gradient(graph, node, factor)
+                    logger.info(
+                        "unit scaling parameter gradient: %s (calibrated: x%g)",
+                        readable[node],
+                        factor,
+                    )
+            self.grad_scales[readable[node]] = factor
+        records = self.report.parameters
+        for i, record in enumerate(records):
+            if record.name in self.grad_scales:
+                records[i] = dataclasses.replace(
+                    record, grad_scale=self.grad_scales[record.name]
+                )
+
+    def _initialise_parameters(
+        self, graph: Graph, values: GraphValues, context: CaptureContext
+    ) -> dict[Node, str]:
+        names: dict[int, list[str]] = {}
+        for name, p in context.module.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), []).append(name)
+        placeholders = list(graph.find_nodes(op="placeholder"))
+        params = {
+            node: value
+            for node, value in zip(placeholders, context.example_inputs, strict=False)
+            if isinstance(value, nn.Parameter)
+        }
+        readable = {
+            node: (names.get(id(p)) or [node.meta.get("source_name", node.name)])[0]
+            for node, p in params.items()
+        }
+        roles = graph_roles(graph, values, readable)
+        for node, role in roles.items():
+            aliases = names.get(id(params[node]), [readable[node]])
+            if any(a in self.initialised for a in aliases):
+                done = "initialised before"
+            else:
+                done = initialise(params[node], role)
+                self.initialised.update(aliases)
+                if done != "kept":
+                    logger.info(
+                        "initialising parameter: %s (%s, %s)",
+                        readable[node],
+                        role,
+                        done,
+                    )
+            self.report.parameters.append(ParameterRecord(readable[node], role, done))
+        return readable
+
+    def _freeze_functorch_sections(
+        self, graph: Graph, values: GraphValues
+    ) -> set[Node]:
+        """Code traced under ``vmap`` is left exactly as it is (its tensors carry
+        batch levels a rewrite would break): its nodes become constants to every
+        later stage, and the section is reported. Returns its nodes."""
+        frozen: set[Node] = set()
+        for section in functorch_sections(graph):
+            frozen.update(section)
+            ops = [n for n in section if not is_functorch_internal(n.target)]
+            names = "+".join(dict.fromkeys(_name(n) for n in ops)) or "vmap"
+            for node in section:
+                values.kinds[node] = Kind.CONST
+            anchor = ops[-1] if ops else section[-1]
+            self.report.ops.append(
+                OpRecord(
+                    names,
+                    "left as is",
+                    module_path(anchor),
+                    "code traced under vmap (e.g. associative_scan) is not rewritten",
+                )
+            )
+        return frozen
+
+    def __call__(self, gm: GraphModule, context: CaptureContext) -> GraphModule:
+        graph = gm.graph
+        report = self.report
+        before = len(report.ops)
+        functionalize_inplace(graph)
+        _replace_functions(graph, self.replace, self.found)
+        values = graph_values(gm, context.example_inputs, set(context.buffers))
+        frozen = self._freeze_functorch_sections(graph, values)
+        for rule, node in rewrite_patterns(graph, values):
+            _record(report, node, "analytic", f"recognised: {rule}")
+        _replace_with_unit_scaled(graph, values, report)
+        for residual in find_residuals(graph, values):
+            rewrite_residual(graph, residual, values)
+            _record(report, residual.root, "residual", f"tau={residual.tau}")
+        _unit_scale_adds(graph, values, report)
+        readable = self._initialise_parameters(graph, values, context)
+        regions = _calibrate_regions(gm, values, report, frozen)
+        placeholders = zip(
+            graph.find_nodes(op="placeholder"), context.example_inputs, strict=False
+        )
+        model_inputs = {
+            node
+            for node, value in placeholders
+            if id(value) in context.call_inputs and values.is_data(node)
+        }
+        unconstrain_consistently(graph, values)
+        _unconstrain(graph, regions, model_inputs)
+        scale_direct_parameter_gradients(graph, values)
+        self._calibrate_gradients(gm, values, context, readable)
+        left = [r for r in report.ops[before:] if r.how == "left as is"]
+        if left:
+            logger.warning(
+                "unit_scale left %d op(s) of %s as they are, with neither a "
+                "unit-scaling rule nor a calibrated scale: %s. Pass "
+                "replace={op: unit_scaled_op} for these, or see "
+                "model.unit_scale_report().",
+                len(left),
+                type(context.module).__name__,
+                report.warning_text(left),
+            )
         return gm
-
-    return run
-
-
-def _unit_init_weights(module: nn.Module) -> None:
-    """Unit-scale weights of linear-like layers and zero their biases."""
-    seen: set[int] = set()
-    for name, sub in module.named_modules():
-        weights = _weights_of(sub)
-        for attr in weights:
-            param = getattr(sub, attr, None)
-            if (
-                isinstance(param, Tensor)
-                and id(param) not in seen
-                and param.numel() > 1
-            ):
-                seen.add(id(param))
-                logger.info("unit scaling weight: %s", _join(name, attr))
-                with torch.no_grad():
-                    param.div_(param.std())
-        for attr in _biases_of(sub):
-            param = getattr(sub, attr, None)
-            if isinstance(param, Tensor) and id(param) not in seen:
-                seen.add(id(param))
-                logger.info("setting bias to zero: %s", _join(name, attr))
-                with torch.no_grad():
-                    param.zero_()
-
-
-def _join(prefix: str, attr: str) -> str:
-    return f"{prefix}.{attr}" if prefix else attr
-
-
-def _is_hf_conv1d(module: nn.Module) -> bool:
-    return type(module).__name__ == "Conv1D" and hasattr(module, "nf")
-
-
-def _weights_of(module: nn.Module) -> tuple[str, ...]:
-    if isinstance(
-        module,
-        (
-            nn.Linear,
-            nn.Embedding,
-            nn.modules.conv._ConvNd,
-            nn.Bilinear,
-            TransposedLinear,
-        ),
-    ) or _is_hf_conv1d(module):
-        return ("weight",)
-    if isinstance(module, (nn.MultiheadAttention, AttentionFunctions)):
-        return ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight")
-    return ()
-
-
-def _biases_of(module: nn.Module) -> tuple[str, ...]:
-    if isinstance(
-        module, (nn.Linear, nn.modules.conv._ConvNd, nn.Bilinear, TransposedLinear)
-    ) or _is_hf_conv1d(module):
-        return ("bias",)
-    if isinstance(module, (nn.MultiheadAttention, AttentionFunctions)):
-        return ("in_proj_bias", "bias_k", "bias_v")
-    return ()
 
 
 _PASS_PRIORITY = {"unit_scale": 0, "simulate_format": 1, "track_scales": 2}
@@ -328,28 +577,37 @@ def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) 
     """Return a unit-scaled copy of ``module``.
 
     Traces ``module`` with TorchDynamo (recursing into submodules and functional
-    calls) and rewrites the captured graph in five stages:
+    calls) and rewrites each captured graph:
 
+    #. **In-place ops** (``h += f(x)``, ``x.mul_(c)``, ``inplace=True``) become
+       out-of-place, keeping torch's semantics (see ``transforms._inplace``).
     #. **User replacements**: calls to each key of ``replace`` become calls to its
        value (keys are kept opaque while tracing, so they appear as single calls).
-    #. **Unit-scaled functions**: every function with an equivalent in
+    #. **Analytic rules**: every op with an equivalent in
        :mod:`unit_scaling.functional` is replaced by it.
-    #. **Residual adds**: an add ``x + f(x)`` whose branch ``f`` depends on ``x``
-       and contains a weighted op is replaced by ``U.residual_split`` /
-       ``U.residual_add`` (``tau = 0.01`` if the branch contains attention or
-       softmax, else ``0.5``). Other adds of two gradient-carrying activations
-       become ``U.add``; adds of constants (masks, biases) are left alone.
-    #. **Unconstraining**: every op after the last residual add is
-       unconstrained (``constraint=None``), which is valid there and gives
-       better scaling.
-    #. **Weights**: weights of ``Linear``, ``Embedding``, convolution,
-       ``MultiheadAttention`` and Hugging Face ``Conv1D`` layers are rescaled to
-       unit standard deviation and their biases zeroed.
+    #. **Residual adds**: found by dependency analysis, including parallel
+       branches and projection shortcuts, and replaced by ``U.residual_split`` /
+       ``U.residual_add`` (``tau = 0.01`` if a branch contains attention, else
+       ``0.5``). Other adds of two independent activations become ``U.add``.
+    #. **Parameters** whose role only the graph shows (expert weights used
+       through ``F.linear``, layer-scale gains, position tables) are initialised
+       for unit scale, once, at the first capture.
+    #. **Calibration**: connected ops with no rule (soft-capping, rotary
+       embeddings, hand-written activations, selective scans...) are run on
+       unit-normal stand-ins and their outputs rescaled by the measured factor.
+    #. **Unconstraining**: every op after the last residual add gets independent
+       gradient scales (``constraint=None``).
+    #. **Parameter gradients** of parameters used directly in activation ops are
+       scaled by their broadcast expansion.
 
-    Known library constructs are first rewritten into the torch functions they
-    compute (for example Hugging Face's tanh-approximated GELU and RMSNorm
-    classes), so that stage 2 recognises them.
+    ``Linear``, ``Embedding``, convolution and ``MultiheadAttention`` weights are
+    rescaled to unit standard deviation and their biases zeroed when
+    ``unit_scale`` is called. Known library constructs are first rewritten into the
+    torch functions they compute (Hugging Face's ``Conv1D``, tanh GELU and RMSNorm
+    classes), validated numerically.
 
+    What was done to every op and parameter is in ``model.unit_scale_report()``
+    (a :class:`UnitScaleReport`); one WARNING names the ops left as they are.
     The input module is never modified; the result has independent parameters.
     Decisions are logged at INFO on this module's logger. Composes with the other
     transforms in any order (unit scaling always runs before quantisation), and
@@ -383,11 +641,11 @@ def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) 
     function_replacements = {
         k: v for k, v in replace.items() if k not in module_replacements
     }
-    found: set[Any] = set()
+    graph_pass = _UnitScalingPass(function_replacements)
     result = apply_transform(
         module,
         "unit_scale",
-        _unit_scaling_pass(function_replacements, found),
+        graph_pass,
         non_recurse=(
             *UNIT_SCALED_FUNCTIONS,
             *function_replacements,
@@ -400,7 +658,8 @@ def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) 
     assert state is not None
 
     def check_replacements(state: Any) -> None:
-        for key in function_replacements.keys() - found:
+        unit_pass = state.pass_of(_UnitScalingPass)
+        for key in function_replacements.keys() - unit_pass.found:
             warnings.warn(
                 f"unit_scale: replace key {getattr(key, '__qualname__', key)!r} was "
                 "never called in the traced forward pass, so nothing was replaced "
@@ -410,6 +669,7 @@ def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) 
             )
 
     state.after_first_call.append(check_replacements)
+    state.after_call.append(_watch_output_gradient)
     matched = rewrite_library_modules(result, module_replacements)
     for cls in module_replacements.keys() - matched:
         warnings.warn(
@@ -417,5 +677,117 @@ def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) 
             UserWarning,
             stacklevel=2,
         )
-    _unit_init_weights(result)
+    done = unit_init_layers(result)
+    own_pass = state.pass_of(_UnitScalingPass)
+    own_pass.initialised.update(
+        name
+        for name, p in result.named_parameters(remove_duplicate=False)
+        if id(p) in done
+    )
+    state.flags["module_name"] = type(module).__name__
+    bind_attribute(result, "unit_scale_report", _ReportOf)
     return result
+
+
+# How far from unit RMS the gradient arriving at the model's output may be
+# before unit_scale warns (see _watch_output_gradient).
+OUTPUT_GRADIENT_TOLERANCE = 8.0
+
+
+def _watch_output_gradient(state: Any, output: Any) -> None:
+    """Check, once, the gradient that reaches the model's output in the first
+    backward pass: a unit-scaled model assumes it is unit-scaled too. The usual
+    culprit is a loss computed outside the model: a mean-reduced cross-entropy
+    over N tokens divides every gradient by about N, pushing the whole backward
+    pass below FP8's range. One check, one host sync, on the first gradient
+    that arrives."""
+    if state.flags.get("output_gradient_watched"):
+        return
+    tensors = [
+        t
+        for t in pytree.tree_leaves(output)
+        if isinstance(t, Tensor) and t.is_floating_point() and t.requires_grad
+    ]
+    if not tensors:
+        return
+    state.flags["output_gradient_watched"] = True
+    handles: list[Any] = []
+    name = state.flags.get("module_name", "model")
+
+    def check(grad: Tensor) -> None:
+        if state.flags.get("output_gradient_checked"):
+            return
+        state.flags["output_gradient_checked"] = True
+        for handle in handles:
+            handle.remove()
+        rms = float(grad.detach().float().square().mean().sqrt())
+        if (
+            rms == 0
+            or 1 / OUTPUT_GRADIENT_TOLERANCE <= rms <= OUTPUT_GRADIENT_TOLERANCE
+        ):
+            return
+        factor, where = (1 / rms, "below") if rms < 1 else (rms, "above")
+        logger.warning(
+            "The gradient reaching the output of the unit-scaled %s in its first "
+            "backward pass has RMS %.3g, %.3gx %s unit scale, and every gradient "
+            "inside the model inherits that factor (far enough off, they leave FP8's "
+            "range). A loss computed outside the model is the usual cause: a "
+            "mean-reduced cross-entropy over N tokens divides the gradient by about "
+            "N. Compute the loss inside the model (for a Hugging Face model, pass "
+            "labels=...), or use the unit-scaled loss "
+            "unit_scaling.functional.cross_entropy(logits, targets), whose gradient "
+            "is unit-scaled.",
+            name,
+            rms,
+            factor,
+            where,
+        )
+
+    handles.extend(
+        t.register_hook(check)  # type: ignore[no-untyped-call]
+        for t in tensors
+    )
+
+
+class _ReportOf:
+    """``module.unit_scale_report()``: bound to the module's own transform state."""
+
+    def __init__(self, state: Any) -> None:
+        self._state = state
+
+    def __call__(self) -> UnitScaleReport:
+        """What ``unit_scale`` did to each op and parameter of the graphs captured
+        so far (empty before the first call)."""
+        unit_pass = self._state.pass_of(_UnitScalingPass)
+        assert unit_pass is not None
+        report: UnitScaleReport = unit_pass.report
+        return report
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _ReportOf:
+        import copy
+
+        return _ReportOf(copy.deepcopy(self._state, memo))
+
+
+def unit_scale_report(module: nn.Module) -> UnitScaleReport:
+    """The :class:`UnitScaleReport` of a module returned by :func:`unit_scale`.
+
+    Raises:
+        TypeError: if ``module`` was not transformed by :func:`unit_scale`.
+
+    Example::
+
+        >>> model = unit_scale(nn.Linear(8, 8))
+        >>> _ = model(torch.randn(2, 8))
+        >>> unit_scale_report(model).counts()
+        {'analytic': 1}
+    """
+    state = transform_state(module) if isinstance(module, nn.Module) else None
+    unit_pass = state.pass_of(_UnitScalingPass) if state is not None else None
+    if unit_pass is None:
+        raise TypeError(
+            "unit_scale_report expects a module returned by unit_scale(...), got "
+            f"{type(module).__name__}"
+        )
+    report: UnitScaleReport = unit_pass.report
+    return report

@@ -1,0 +1,336 @@
+"""Independent gradient scales, kept consistent along every path.
+
+A unit-scaled op scales its output by ``alpha`` and each input's gradient by
+``beta``. With ``beta = alpha`` (a constraint) the backward pass is the true
+gradient of the forward, but a projection that widens or narrows the stream gets
+a gradient ``sqrt(fan_out / fan_in)`` away from unit scale: in an MLP with
+expansion 4 the hidden gradients sit at 1/2. With ``beta`` at its natural value
+each op's gradient is unit-scaled, and the backward pass is the true gradient
+times a factor ``K`` per node: the product, along the path from the output, of
+each op's ``rho = beta / alpha``.
+
+That is still a correct gradient wherever ``K`` is the same on every path that
+meets at a node, because a common factor only rescales what lies upstream. Paths
+through chains of projections that return to their width (``d -> 4d -> d``, an
+MLP; ``q, k, v, o``, attention) telescope to the same ``K``, and residual
+connections are consistent by construction. So ``unit_scale`` gives every
+projection its natural gradient scale, propagates ``K`` from the outputs, and
+where paths meet at a node it equalises their factors with a gradient scale on
+each path's edge into the node (see :func:`_main_path` for the factor kept),
+which also keeps the sum of several unit-scaled contributions at unit scale.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.fx import Graph, Node
+
+from .. import functional as U
+from ..scale import scale_bwd
+from ._rules import get_argument, set_argument
+from ._values import GraphValues, Kind
+
+__all__ = ["unconstrain_consistently"]
+
+logger = logging.getLogger("unit_scaling.transforms.unit_scale")
+
+# Relative difference below which two paths' factors count as equal.
+_TOLERANCE = 1e-3
+
+Ratios = Callable[[Node, GraphValues], dict[Node, float] | None]
+
+
+def _shape(values: GraphValues, node: Any) -> tuple[int, ...] | None:
+    info = values.tensor(node)
+    return None if info is None else info.shape
+
+
+def _linear(node: Node, values: GraphValues) -> dict[Node, float] | None:
+    """``alpha = fan_in^-1/2``, ``beta_x = fan_out^-1/2``."""
+    weight = _shape(values, get_argument(node, "weight"))
+    source = get_argument(node, "input")
+    if weight is None or len(weight) != 2 or not isinstance(source, Node):
+        return None
+    fan_out, fan_in = weight
+    return {source: math.sqrt(fan_in / max(fan_out, 1))}
+
+
+def _matmul(left_name: str, right_name: str) -> Ratios:
+    """``alpha = k^-1/2``, ``beta_left = (n B / B_left)^-1/2``,
+    ``beta_right = (m B / B_right)^-1/2`` for ``[.., m, k] @ [.., k, n]``."""
+
+    def ratios(node: Node, values: GraphValues) -> dict[Node, float] | None:
+        left, right = get_argument(node, left_name), get_argument(node, right_name)
+        a, b = _shape(values, left), _shape(values, right)
+        if a is None or b is None or len(a) < 2 or len(b) < 2:
+            return None
+        assert isinstance(left, Node) and isinstance(right, Node)
+        m, k, n = a[-2], a[-1], b[-1]
+        batch_left, batch_right = math.prod(a[:-2]), math.prod(b[:-2])
+        batch = max(batch_left, batch_right)
+        result = {
+            left: math.sqrt(k / max(n * batch // max(batch_left, 1), 1)),
+            right: math.sqrt(k / max(m * batch // max(batch_right, 1), 1)),
+        }
+        return None if left is right else result
+
+    return ratios
+
+
+def _conv(node: Node, values: GraphValues) -> dict[Node, float] | None:
+    """``alpha = (C_in/G K)^-1/2``, ``beta_x = (S G / (C_out K))^1/2``."""
+    weight = _shape(values, get_argument(node, "weight"))
+    source = get_argument(node, "input")
+    groups = get_argument(node, "groups") or 1
+    stride = get_argument(node, "stride") or 1
+    if weight is None or not isinstance(source, Node) or not isinstance(groups, int):
+        return None
+    dims = len(weight) - 2
+    strides = (stride,) * dims if isinstance(stride, int) else tuple(stride)
+    fan_out, fan_in = weight[0], weight[1]
+    return {source: math.sqrt(fan_in * math.prod(strides) * groups / max(fan_out, 1))}
+
+
+def _conv_transpose(node: Node, values: GraphValues) -> dict[Node, float] | None:
+    """``alpha = (C_in/G K / S)^-1/2``, ``beta_x = (C_out/G K)^-1/2``."""
+    weight = _shape(values, get_argument(node, "weight"))
+    source = get_argument(node, "input")
+    groups = get_argument(node, "groups") or 1
+    stride = get_argument(node, "stride") or 1
+    if weight is None or not isinstance(source, Node) or not isinstance(groups, int):
+        return None
+    dims = len(weight) - 2
+    strides = (stride,) * dims if isinstance(stride, int) else tuple(stride)
+    fan_in, fan_out = weight[0] // groups, weight[1]
+    return {source: math.sqrt(fan_in / max(fan_out * math.prod(strides), 1))}
+
+
+def _ratio_rules() -> dict[Callable[..., Any], Ratios]:
+    rules: dict[Callable[..., Any], Ratios] = {
+        U.linear: _linear,
+        U.matmul: _matmul("left", "right"),
+        U.bmm: _matmul("input", "mat2"),
+    }
+    for name in ("conv1d", "conv2d", "conv3d"):
+        if hasattr(U, name):
+            rules[getattr(U, name)] = _conv
+    for name in ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d"):
+        if hasattr(U, name):
+            rules[getattr(U, name)] = _conv_transpose
+    return rules
+
+
+def _probe_grad(
+    node: Node,
+    shape: tuple[int, ...],
+    args: list[Any],
+    kwargs: dict[str, Any],
+    constraint: str | None,
+) -> Tensor:
+    x = torch.linspace(-2, 2, math.prod(shape), dtype=torch.float64).reshape(shape)
+    x.requires_grad_()
+    assert callable(node.target)
+    out = node.target(x, *args[1:], **{**kwargs, "constraint": constraint})
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    return grad
+
+
+def _probe_ratio(
+    node: Node, values: GraphValues, source_name: str = "input"
+) -> dict[Node, float] | None:
+    """``beta / alpha`` of an elementwise unit-scaled op, read off the op
+    itself: its input gradient unconstrained over its input gradient under its
+    default constraint, on a small probe (the ratio is the same everywhere)."""
+    source = get_argument(node, source_name)
+    info = values.tensor(source)
+    if not isinstance(source, Node) or info is None or not callable(node.target):
+        return None
+    kwargs = {k: v for k, v in node.kwargs.items() if k != "constraint"}
+    args = list(node.args)
+    shape: tuple[int, ...] = (8,)
+    if node.target is U.softmax:  # its scales depend on the size of its dim
+        dim = get_argument(node, "dim")
+        if not isinstance(dim, int):
+            return None
+        shape = (2, info.shape[dim])
+        args = [None, -1, *args[2:]] if len(args) > 1 else [None]
+        kwargs.pop("dim", None)
+        if len(args) == 1:
+            kwargs["dim"] = -1
+    grads = []
+    with torch.enable_grad():
+        grads = [
+            _probe_grad(node, shape, args, kwargs, c) for c in (None, "to_output_scale")
+        ]
+    ratio = grads[0] / grads[1]
+    finite = ratio[torch.isfinite(ratio)]
+    if finite.numel() == 0:
+        return None
+    return {source: float(finite.median())}
+
+
+_RATIOS = _ratio_rules()
+for _fn in (U.gelu, U.silu, U.relu, U.tanh, U.sigmoid, U.softmax):
+    _RATIOS[_fn] = _probe_ratio
+
+
+def _constraint(node: Node) -> str | None:
+    """The constraint a call node passes, or its function's default."""
+    parameter = inspect.signature(node.target).parameters["constraint"]  # type: ignore[arg-type]
+    position = list(inspect.signature(node.target).parameters).index("constraint")  # type: ignore[arg-type]
+    if position < len(node.args):
+        return node.args[position]  # type: ignore[return-value]
+    value = node.kwargs.get("constraint", parameter.default)
+    return value  # type: ignore[no-any-return]
+
+
+def unconstrain_consistently(graph: Graph, values: GraphValues) -> int:
+    """Give every projection (linear, convolution, matmul) its natural gradient
+    scale and equalise the factors where paths meet (see the module docstring).
+    Returns how many path factors had to be equalised."""
+    rho: dict[tuple[Node, Node], float] = {}
+    for node in graph.nodes:
+        rule = _RATIOS.get(node.target) if node.op == "call_function" else None
+        if rule is None or _constraint(node) is None:
+            continue
+        ratios = rule(node, values)
+        if ratios is None:
+            continue
+        set_argument(node, "constraint", None)
+        for source, ratio in ratios.items():
+            rho[(node, source)] = ratio
+    factor: dict[Node, float] = {}
+    equalised = 0
+    for node in reversed(list(graph.nodes)):
+        if values.kind(node) is not Kind.DATA:
+            continue
+        paths = _path_factors(node, factor, rho)
+        if not paths:
+            continue
+        # A tensor the model also returns (an encoder's last hidden state)
+        # follows its internal paths: a loss rarely uses such extra outputs,
+        # and its output edge is equalised like any other path.
+        internal = {u: v for u, v in paths.items() if u.op != "output"}
+        chosen = _main_path(internal or paths)
+        factor[node] = chosen
+        for user, value in paths.items():
+            if abs(value / chosen - 1) > _TOLERANCE:
+                if values.tensor(node) is not None:
+                    _equalise(graph, node, user, chosen / value)
+                else:  # a tuple: rescale what the user takes out of it instead
+                    _equalise_output(graph, user, chosen / value)
+                equalised += 1
+    return equalised
+
+
+def _path_factors(
+    node: Node, factor: dict[Node, float], rho: dict[tuple[Node, Node], float]
+) -> dict[Node, float]:
+    """The factor ``K`` each user's path brings to ``node``'s gradient."""
+    paths: dict[Node, float] = {}
+    for user in node.users:
+        if user.op == "output":
+            paths[user] = 1.0
+        elif user in factor:
+            paths[user] = factor[user] * _ratio(user, node, rho)
+    return paths
+
+
+def _ratio(user: Node, node: Node, rho: dict[tuple[Node, Node], float]) -> float:
+    """``beta / alpha`` of ``user`` for its input ``node``."""
+    if user.target is U.residual_add:
+        # The backward skips the forward weights (residual_split applies them).
+        residual, skip, tau = user.args[:3]
+        assert isinstance(tau, (int, float))
+        b = 1 / math.sqrt(1 + tau * tau)
+        return (
+            1 / (tau * b)
+            if node is residual and tau
+            else 1 / b
+            if node is skip
+            else 1.0
+        )
+    if (
+        user.target is operator.getitem
+        and node.target is U.residual_split
+        and len(user.args) > 1
+    ):
+        tau = node.args[1]
+        assert isinstance(tau, (int, float))
+        b = 1 / math.sqrt(1 + tau * tau)
+        return tau * b if user.args[1] == 0 else b
+    return rho.get((user, node), 1.0)
+
+
+# Users that read a piece of a tensor rather than all of it.
+_PIECES = frozenset(
+    {
+        operator.getitem,
+        torch.split,
+        torch.chunk,
+        torch.unbind,
+        torch.narrow,
+        torch.select,
+        "split",
+        "chunk",
+        "unbind",
+        "narrow",
+        "select",
+        "__getitem__",
+    }
+)
+
+
+def _main_path(paths: dict[Node, float]) -> float:
+    """The factor a node's gradient keeps.
+
+    Where a residual split reads the node, the residual stream's. Otherwise
+    ``(sum_i K_i^-2)^-1/2`` over the users that read the whole tensor (the
+    users that read pieces of it, such as the q, k, v chunks of a fused
+    projection, count once, at their most common factor): each path's
+    contribution is equalised to it, so that ``k`` independent unit-scaled
+    contributions (a norm's output read by the query, key and value projections,
+    an encoder's output read by every decoder layer) sum to a unit-scaled
+    gradient rather than ``sqrt(k)``, while every tensor along those paths keeps
+    its unit-scaled gradient.
+    """
+    for user, value in paths.items():
+        if user.target is U.residual_split:
+            return value
+    pieces = [v for u, v in paths.items() if u.target in _PIECES]
+    wholes = [v for u, v in paths.items() if u.target not in _PIECES]
+    if pieces:
+        counts: dict[float, int] = {}
+        for value in pieces:
+            key = float(f"{value:.6g}")
+            counts[key] = counts.get(key, 0) + 1
+        wholes.append(max(counts, key=lambda v: (counts[v], -abs(math.log(v)))))
+    return float(sum(value**-2 for value in wholes) ** -0.5)
+
+
+def _equalise_output(graph: Graph, node: Node, ratio: float) -> None:
+    """Scale the gradient arriving at ``node`` from all its users by ``ratio``."""
+    with graph.inserting_after(node):
+        scaled = graph.call_function(scale_bwd, (node, ratio))
+    for user in list(node.users):
+        if user is not scaled:
+            user.replace_input_with(node, scaled)
+    logger.info("keeping gradients consistent: %s (gradient x%.4g)", node, ratio)
+
+
+def _equalise(graph: Graph, node: Node, user: Node, ratio: float) -> None:
+    """Scale the gradient flowing from ``user`` into ``node`` by ``ratio``."""
+    with graph.inserting_before(user):
+        scaled = graph.call_function(scale_bwd, (node, ratio))
+    user.replace_input_with(node, scaled)
+    logger.info(
+        "keeping gradients consistent: %s -> %s (gradient x%.4g)", user, node, ratio
+    )

@@ -1,0 +1,287 @@
+"""Calibrated gradient scales where the unit-scaling rules leave them free.
+
+Unit scaling constrains an op's gradient scales to keep the backward pass the
+true gradient (up to one factor), except on **cut edges**: a gradient that feeds
+nothing but what lies upstream of it may be rescaled without changing any other
+gradient's direction, only the common scale of everything upstream. Two kinds of
+node are cut edges in every graph:
+
+* **parameters**: a parameter's gradient feeds nothing; its scale is free.
+* **cut vertices**: activations through which every path from their ancestors to
+  the outputs passes (an encoder's output, the residual stream between layers,
+  an embedding). Rescaling the gradient there rescales the gradient of the whole
+  subgraph before it, uniformly.
+
+The analytic rules assume a unit-scaled gradient arrives at each op. Where that
+does not hold (an encoder output read by the cross-attention of every decoder
+layer, a projection under a constraint, attention with near-uniform weights),
+these free scales are set from one measurement: the rewritten graph is run on
+unit-normal stand-ins for its activation inputs, a unit-normal gradient is
+backpropagated from its first output (or a unit gradient from its scalar
+outputs, if it computes a loss), and each cut vertex and then each parameter gets
+the factor that brings its gradient to unit RMS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.fx import Graph, GraphModule, Node
+from torch.utils import _pytree as pytree
+
+from ..scale import scale_bwd
+from ._dynamo import CaptureContext, restore_functorch_levels
+from ._values import GraphValues, Kind
+
+__all__ = [
+    "ZERO_GRADIENT",
+    "GradientCalibration",
+    "calibrate_gradients",
+    "compensate_parameters",
+    "cut_vertices",
+    "downstream_factor",
+    "scale_gradient",
+]
+
+# A gradient this small is zero by construction (a key bias, to which softmax is
+# invariant): there is no scale to correct.
+ZERO_GRADIENT = 1e-5
+# Parameters are brought to unit RMS when outside this factor of it; cut
+# vertices only when further off (each one costs an elementwise pass).
+PARAMETER_TOLERANCE = 1.1
+CUT_TOLERANCE = 1.5
+
+
+def _carries_gradient(node: Node, values: GraphValues) -> bool:
+    # Parameters are leaves: a parameter shared across a cut vertex (tied
+    # embeddings) gets its uses compensated instead (see compensate_parameters).
+    return values.kind(node) is Kind.DATA
+
+
+def cut_vertices(
+    graph: Graph, values: GraphValues
+) -> tuple[list[Node], dict[Node, int]]:
+    """The activations every path from their ancestors to the output passes
+    through, in graph order, and each activation's ancestor set among
+    activations (a bitset over graph positions, itself included).
+
+    Computed with the post-dominator tree of the gradient-carrying nodes: ``v``
+    is a cut vertex when it post-dominates every one of its ancestors, i.e. when
+    its subtree in that tree holds as many nodes as its ancestor set.
+    """
+    order = list(graph.nodes)
+    position = {n: i for i, n in enumerate(order)}
+    exit_node = next(n for n in reversed(order) if n.op == "output")
+    parent: dict[Node, Node | None] = {exit_node: None}
+    depth = {exit_node: 0}
+
+    def common(a: Node, b: Node) -> Node:
+        while a is not b:
+            if depth[a] < depth[b]:
+                a, b = b, a
+            up = parent[a]
+            assert up is not None
+            a = up
+        return a
+
+    for node in reversed(order):
+        if node is exit_node or not _carries_gradient(node, values):
+            continue
+        users = [u for u in node.users if u in parent]
+        if not users:
+            continue  # reaches no output: no gradient flows here
+        dominator = users[0]
+        for user in users[1:]:
+            dominator = common(dominator, user)
+        parent[node] = dominator
+        depth[node] = depth[dominator] + 1
+    size = dict.fromkeys(parent, 1)
+    ancestors: dict[Node, int] = {}
+    for node in order:
+        if node not in parent or node is exit_node:
+            continue
+        bits = 1 << position[node]
+        for p in node.all_input_nodes:
+            bits |= ancestors.get(p, 0)
+        ancestors[node] = bits
+        up = parent[node]
+        if up is not None and up is not exit_node:
+            size[up] += size[node]
+    cuts = [
+        n
+        for n in order
+        if n in ancestors
+        and values.is_data(n)
+        and size[n] == bin(ancestors[n]).count("1")
+    ]
+    return cuts, ancestors
+
+
+@dataclasses.dataclass
+class GradientCalibration:
+    """Measured gradient RMS of each cut vertex and each trainable parameter."""
+
+    vertices: dict[Node, float]
+    parameters: dict[Node, float]
+
+
+def _stand_in_inputs(
+    placeholders: list[Node], context: CaptureContext, values: GraphValues, seed: int
+) -> list[Any]:
+    """Unit-normal stand-ins for activation inputs, copies of other tensors (so
+    that in-place updates stay local) and the parameters themselves."""
+    generator = torch.Generator().manual_seed(seed)
+    inputs: list[Any] = []
+    for node, value in zip(placeholders, context.example_inputs, strict=False):
+        if isinstance(value, nn.Parameter):
+            inputs.append(value)
+        elif values.is_data(node) and isinstance(value, Tensor):
+            x = torch.randn(value.shape, generator=generator)
+            inputs.append(x.to(value).requires_grad_(value.requires_grad))
+        elif isinstance(value, Tensor):
+            inputs.append(value.detach().clone())
+        else:
+            inputs.append(value)
+    return inputs
+
+
+def _with_outputs(gm: GraphModule, extra: list[Node]) -> tuple[GraphModule, int]:
+    """A copy of ``gm`` that also returns ``extra``; and how many outputs the
+    original returns."""
+    graph = Graph()
+    env: dict[Node, Node] = {}
+    original = graph.graph_copy(gm.graph, env)
+    flat = list(original) if isinstance(original, (tuple, list)) else [original]
+    graph.output((*flat, *(env[n] for n in extra)))
+    return GraphModule(gm, graph), len(flat)
+
+
+def calibrate_gradients(
+    gm: GraphModule,
+    context: CaptureContext,
+    values: GraphValues,
+    vertices: list[Node],
+    seed: int = 0,
+) -> GradientCalibration | str:
+    """Measure the gradient RMS at ``vertices`` and at every trainable parameter
+    (see the module docstring). Parameters' ``.grad`` and the global random
+    state are left untouched. Returns why, if the graph cannot be run."""
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    params = {
+        node: value
+        for node, value in zip(placeholders, context.example_inputs, strict=False)
+        if isinstance(value, nn.Parameter) and value.requires_grad
+    }
+    generator = torch.Generator().manual_seed(seed + 1)
+    try:
+        with (
+            torch.random.fork_rng(),
+            torch.enable_grad(),
+            restore_functorch_levels(),
+        ):
+            module, count = _with_outputs(gm, vertices)
+            results = module(*_stand_in_inputs(placeholders, context, values, seed))
+            flat = pytree.tree_leaves(results[:count])
+            outputs = [
+                out
+                for out in flat
+                if isinstance(out, Tensor)
+                and out.is_floating_point()
+                and out.requires_grad
+            ]
+            inner = dict(zip(vertices, results[count:], strict=True))
+            inner = {
+                n: t
+                for n, t in inner.items()
+                if isinstance(t, Tensor) and t.requires_grad
+            }
+            # What a loss would use: the graph's scalar outputs (a loss computed
+            # inside the model), else its first output (logits, last hidden
+            # state: Dynamo returns tensors in the order the forward does).
+            losses = [out for out in outputs if out.numel() == 1]
+            chosen = losses or outputs[:1]
+            if not chosen:
+                return GradientCalibration({}, {})
+            incoming = [
+                torch.ones_like(out)
+                if losses
+                else torch.randn(out.shape, generator=generator).to(out)
+                for out in chosen
+            ]
+            wrt = [*params.values(), *inner.values()]
+            received = torch.autograd.grad(chosen, wrt, incoming, allow_unused=True)
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    rms = [
+        None if g is None else float(g.detach().float().square().mean().sqrt())
+        for g in received
+    ]
+    measured_params = {
+        n: r for n, r in zip(params, rms[: len(params)], strict=True) if r is not None
+    }
+    measured_vertices = {
+        n: r for n, r in zip(inner, rms[len(params) :], strict=True) if r is not None
+    }
+    return GradientCalibration(measured_vertices, measured_params)
+
+
+def scale_gradient(graph: Graph, node: Node, factor: float) -> Node:
+    """Scale the gradient arriving at ``node`` by ``factor`` (a ``scale_bwd``
+    that every user of ``node`` reads instead); returns the new node."""
+    with graph.inserting_after(node):
+        scaled = graph.call_function(scale_bwd, (node, factor))
+    for user in list(node.users):
+        if user is not scaled:
+            user.replace_input_with(node, scaled)
+    return scaled
+
+
+def rounded(factor: float) -> float:
+    """Four significant figures, as the measurement warrants."""
+    return float(f"{factor:.4g}")
+
+
+def downstream_factor(
+    corrections: dict[Node, float], ancestors: dict[Node, int], at: int
+) -> float:
+    """The product of the corrections at cut vertices downstream of graph
+    position ``at`` (the vertex itself included): the gradient there has been
+    rescaled by each of them."""
+    product = 1.0
+    for vertex, factor in corrections.items():
+        if ancestors[vertex] >> at & 1:
+            product *= factor
+    return product
+
+
+def compensate_parameters(
+    graph: Graph,
+    parameters: list[Node],
+    corrections: dict[Node, float],
+    ancestors: dict[Node, int],
+) -> dict[Node, float]:
+    """Keep every parameter's gradient the true one (up to its own factor)
+    after cut-vertex corrections: a parameter used on both sides of a corrected
+    cut vertex (a tied embedding) has the gradient of each use rescaled back.
+    Returns the factor each parameter's gradient carries."""
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    carried: dict[Node, float] = {}
+    for param in parameters:
+        uses = [u for u in param.users]
+        factors = {
+            u: downstream_factor(corrections, ancestors, position[u]) for u in uses
+        }
+        distinct = {float(f"{f:.6g}") for f in factors.values()}
+        if len(distinct) <= 1:
+            carried[param] = next(iter(factors.values()), 1.0)
+            continue
+        carried[param] = 1.0
+        for use, factor in factors.items():
+            if factor != 1:
+                with graph.inserting_before(use):
+                    scaled = graph.call_function(scale_bwd, (param, 1 / factor))
+                use.replace_input_with(param, scaled)
+    return carried

@@ -1,0 +1,233 @@
+"""Parameters: their roles, unit initialisation and gradient scales.
+
+Unit scaling wants weights at unit standard deviation (the ops carry the
+``1/sqrt(fan_in)``), biases at zero and multiplicative gains at one. Parameters of
+torch's own layers (``nn.Linear``, ``nn.Embedding``, convolutions,
+``nn.MultiheadAttention``) are initialised when ``unit_scale`` is called. Any
+other parameter — an expert weight used through ``F.linear``, a layer-scale gain,
+a learned position table — has a role only its use in the graph reveals, so it is
+initialised when the first graph is captured (once; later captures and copies of
+the module keep its values):
+
+* used as the weight of a linear, convolution, matmul or embedding: **weight**,
+  unit standard deviation;
+* used as the bias of a linear or convolution, or added to activations while
+  having at most one dimension larger than 1: **bias**, zero;
+* added to or concatenated with activations, with more than one such dimension
+  (a position table, a class token): **table**, unit standard deviation;
+* multiplying activations: **gain**, one;
+* the weight or bias of a normalisation: **norm** (one) or **norm bias** (zero),
+  the values every normalisation starts from;
+* anything else (e.g. ``A_log`` of a state-space model, used through ``exp``):
+  **other**, kept.
+
+A parameter that enters an activation op directly (not through a linear layer or
+normalisation, which scale their own parameter gradients) gets its gradient
+scaled by ``expansion^(-1/2)``, ``expansion`` being how many output elements each
+of its elements reaches: the gradient of a broadcast parameter sums that many
+unit terms. A parameter's gradient feeds nothing else, so this scale is free.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import operator
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.fx import Graph, Node
+
+from .. import functional as U
+from ..scale import scale_bwd
+from ._library import AttentionFunctions
+from ._regions import is_rearrangement
+from ._rules import WEIGHTED
+from ._values import GraphValues, Kind
+
+__all__ = [
+    "graph_roles",
+    "initialise",
+    "scale_direct_parameter_gradients",
+    "unit_init_layers",
+]
+
+logger = logging.getLogger("unit_scaling.transforms.unit_scale")
+
+_NORMS = frozenset(
+    getattr(U, name)
+    for name in (
+        "layer_norm",
+        "rms_norm",
+        "group_norm",
+        "batch_norm",
+        "instance_norm",
+    )
+    if hasattr(U, name)
+)
+_WEIGHT_ARGUMENT = {U.linear: 1, U.linear_readout: 1, U.embedding: 1}
+# Where each normalisation takes its bias positionally (see its signature).
+_NORM_BIAS_POSITION = {
+    norm: list(inspect.signature(norm).parameters).index("bias")
+    for norm in _NORMS
+    if "bias" in inspect.signature(norm).parameters
+}
+_BIAS_ARGUMENT = {U.linear: 2, U.linear_readout: 2}
+_MULTIPLY = {operator.mul, operator.truediv, torch.mul, torch.div, "mul", "div"}
+_ADD = {operator.add, operator.sub, torch.add, torch.sub, "add", "sub"}
+_JOIN = {torch.cat, torch.concat, torch.stack}
+
+
+def _layer_weights(module: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(weights, biases)`` attribute names of torch's layers."""
+    if isinstance(
+        module,
+        (nn.Linear, nn.Embedding, nn.modules.conv._ConvNd, nn.Bilinear),
+    ):
+        return ("weight",), ("bias",)
+    if isinstance(module, (nn.MultiheadAttention, AttentionFunctions)):
+        return (
+            ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight"),
+            ("in_proj_bias", "bias_k", "bias_v"),
+        )
+    return (), ()
+
+
+def initialise(param: Tensor, role: str) -> str:
+    """Set ``param`` for its role in place; returns what was done."""
+    with torch.no_grad():
+        if role in ("weight", "table"):
+            std = param.float().std() if param.numel() > 1 else param.new_zeros(())
+            if param.numel() > 1 and torch.isfinite(std) and std > 0:
+                param.div_(std.to(param.dtype))
+            else:
+                param.normal_()
+            return "unit std"
+        if role in ("bias", "norm bias"):
+            param.zero_()
+            return "zero"
+        if role in ("gain", "norm"):
+            param.fill_(1)
+            return "ones"
+    return "kept"
+
+
+def unit_init_layers(module: nn.Module) -> set[int]:
+    """Initialise the parameters of torch's layers in ``module``; returns their ids."""
+    done: set[int] = set()
+    for name, sub in module.named_modules():
+        weights, biases = _layer_weights(sub)
+        for attrs, role in ((weights, "weight"), (biases, "bias")):
+            for attr in attrs:
+                param = getattr(sub, attr, None)
+                if isinstance(param, Tensor) and id(param) not in done:
+                    done.add(id(param))
+                    path = f"{name}.{attr}" if name else attr
+                    message = (
+                        "unit scaling weight: %s"
+                        if role == "weight"
+                        else "setting bias to zero: %s"
+                    )
+                    logger.info(message, path)
+                    initialise(param, role)
+    return done
+
+
+def _consumers(node: Node, values: GraphValues) -> Iterable[tuple[Node, Node]]:
+    """``(consumer, input)`` pairs: where a parameter, through rearrangements of
+    parameters only, enters an op that is not such a rearrangement."""
+    frontier = [node]
+    seen: set[Node] = set()
+    while frontier:
+        current = frontier.pop()
+        for user in current.users:
+            if user in seen:
+                continue
+            seen.add(user)
+            if values.kind(user) is Kind.PARAM and (
+                is_rearrangement(user) or user.target is operator.getitem
+            ):
+                frontier.append(user)
+            else:
+                yield user, current
+
+
+def _role_at(consumer: Node, via: Node, values: GraphValues) -> str:
+    target: Any = consumer.target
+    args = consumer.args
+    if target in _WEIGHT_ARGUMENT:
+        position = _WEIGHT_ARGUMENT[target]
+        if len(args) > position and args[position] is via:
+            return "weight"
+        if target in _BIAS_ARGUMENT and (
+            (len(args) > _BIAS_ARGUMENT[target] and args[_BIAS_ARGUMENT[target]] is via)
+            or consumer.kwargs.get("bias") is via
+        ):
+            return "bias"
+        return "weight" if consumer.kwargs.get("weight") is via else "other"
+    if target in WEIGHTED:
+        if "conv" in getattr(target, "__name__", ""):
+            bias = args[2] if len(args) > 2 else consumer.kwargs.get("bias")
+            return "bias" if bias is via else "weight"
+        return "weight"
+    if target in _NORMS:
+        bias = consumer.kwargs.get("bias")
+        bias_position = _NORM_BIAS_POSITION.get(target)
+        if bias_position is not None and len(args) > bias_position:
+            bias = args[bias_position]
+        return "norm bias" if bias is via else "norm"
+    others = [a for a in consumer.all_input_nodes if a is not via]
+    with_data = any(values.is_data(a) for a in others)
+    if target in _MULTIPLY and with_data:
+        return "gain"
+    info = values.tensor(via)
+    wide = info is not None and sum(s > 1 for s in info.shape) > 1
+    if target in _ADD and with_data:
+        return "table" if wide else "bias"
+    if target in _JOIN and wide:
+        return "table"
+    if wide and with_data and values.is_data(consumer):
+        return "weight"  # a product no rule covers, such as a grouped matmul
+    return "other"
+
+
+_PRIORITY = ("weight", "table", "gain", "bias", "norm", "norm bias", "other")
+
+
+def graph_roles(
+    graph: Graph, values: GraphValues, names: dict[Node, str]
+) -> dict[Node, str]:
+    """The role of each parameter placeholder of ``graph`` (see the module
+    docstring); ``names`` gives each placeholder's readable name."""
+    roles: dict[Node, str] = {}
+    for node in names:
+        found = {_role_at(c, via, values) for c, via in _consumers(node, values)}
+        roles[node] = next((r for r in _PRIORITY if r in found), "other")
+    return roles
+
+
+def scale_direct_parameter_gradients(graph: Graph, values: GraphValues) -> int:
+    """Scale the gradient of every parameter entering an activation op directly by
+    ``expansion^(-1/2)`` (see the module docstring); returns how many uses."""
+    scaled = 0
+    for node in list(graph.nodes):
+        if values.kind(node) is not Kind.PARAM or not values.tensor(node):
+            continue
+        for consumer, via in list(_consumers(node, values)):
+            if via is not node or consumer.target in WEIGHTED | _NORMS:
+                continue
+            if consumer.target in _WEIGHT_ARGUMENT or not values.is_data(consumer):
+                continue
+            source, out = values.tensor(via), values.tensor(consumer)
+            if source is None or out is None or source.numel == 0:
+                continue
+            expansion = out.numel / source.numel
+            if expansion <= 1:
+                continue
+            with graph.inserting_before(consumer):
+                use = graph.call_function(scale_bwd, (via, expansion**-0.5))
+            consumer.replace_input_with(via, use)
+            scaled += 1
+    return scaled

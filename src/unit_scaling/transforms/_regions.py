@@ -1,0 +1,454 @@
+"""Ops with no unit-scaling rule: grouped into regions and calibrated.
+
+No list of ops will ever be complete, so ``unit_scale`` applies the definition of
+unit scaling itself to what its rules do not cover. After every op with an
+analytic rule has been replaced, the remaining ops that compute activations are
+grouped into **regions**: connected sets of such ops between rule-covered ops
+(whatever a model computes between two linear layers, say: a hand-written
+activation, soft-capping ``c * tanh(x / c)``, rotary embeddings, an adaLN
+modulation, a selective scan). A region is calibrated as a whole: it is run on
+unit-normal stand-ins of its activation inputs at the traced shapes (with the
+real values of its constant inputs: masks, tables, parameters), a unit-normal
+gradient is backpropagated from each output, and each output that is not at unit
+RMS is multiplied by the static factor that makes it so. The multiply keeps the
+region's true gradient, so the backward pass stays consistent with the forward.
+
+Regions, not single ops, because scale rules compose badly for nonlinear ops:
+``50 * tanh(x / 50)`` is the identity for unit ``x``, but rescaling ``x / 50``,
+``tanh`` and ``* 50`` one at a time would turn it into ``tanh(x)``.
+
+Calibration is sound for floating-point ops of floating-point inputs. It is not
+attempted, and the region is reported as left as is, where it cannot mean
+anything: a region whose output shape depends on the data (``nonzero``), whose
+constant inputs could not be evaluated, or that fails on the stand-ins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import operator
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.fx import Graph, GraphModule, Node
+
+from ._dynamo import is_functorch_internal
+from ._targets import calibrated_scale
+from ._values import GraphValues, Kind, TensorInfo
+
+__all__ = [
+    "Calibration",
+    "Region",
+    "apply_output_scales",
+    "calibrate",
+    "find_regions",
+    "is_rearrangement",
+    "subgraph",
+]
+
+logger = logging.getLogger("unit_scaling.transforms.unit_scale")
+
+# A calibrated scale within this factor of 1 is not applied: the op is already
+# unit-scaled, and a multiply would cost a pass for nothing.
+UNIT_TOLERANCE = 1.1
+# Elements this large are masks' fill values (-inf, finfo.min), not data: they are
+# left out of the measured RMS.
+_MASK_MAGNITUDE = 1e4
+
+# Ops that only rearrange, copy or cast their input: a region made of these alone
+# keeps the scale of its activation inputs and needs no calibration.
+_REARRANGING_METHODS = frozenset(
+    [
+        "view",
+        "view_as",
+        "reshape",
+        "reshape_as",
+        "transpose",
+        "permute",
+        "t",
+        "contiguous",
+        "expand",
+        "expand_as",
+        "squeeze",
+        "unsqueeze",
+        "flatten",
+        "unflatten",
+        "split",
+        "chunk",
+        "unbind",
+        "narrow",
+        "select",
+        "repeat",
+        "flip",
+        "roll",
+        "movedim",
+        "swapaxes",
+        "float",
+        "half",
+        "bfloat16",
+        "double",
+        "to",
+        "type",
+        "type_as",
+        "clone",
+        "detach",
+        "neg",
+        "__neg__",
+        "__getitem__",
+    ]
+)
+_REARRANGING_FUNCTIONS = frozenset(
+    {
+        operator.getitem,
+        operator.neg,
+        torch.cat,
+        torch.concat,
+        torch.concatenate,
+        torch.stack,
+        torch.split,
+        torch.chunk,
+        torch.unbind,
+        torch.reshape,
+        torch.flatten,
+        torch.transpose,
+        torch.permute,
+        torch.squeeze,
+        torch.unsqueeze,
+        torch.narrow,
+        torch.select,
+        torch.roll,
+        torch.flip,
+        torch.movedim,
+        torch.clone,
+        torch.neg,
+        torch.t,
+    }
+)
+
+
+def is_rearrangement(node: Node) -> bool:
+    """True for ops that only rearrange, copy, cast or negate their input."""
+    if node.op == "call_method":
+        return node.target in _REARRANGING_METHODS
+    return node.op == "call_function" and node.target in _REARRANGING_FUNCTIONS
+
+
+@dataclasses.dataclass
+class Calibration:
+    """What calibrating a region measured.
+
+    ``output_rms[i]`` is the RMS of output ``i`` on the stand-ins (``None`` for
+    outputs that are not floating-point activations); ``input_grad_rms`` the RMS of
+    each activation input's gradient once the outputs are rescaled.
+    """
+
+    output_rms: list[float | None]
+    input_grad_rms: dict[Node, float]
+
+
+@dataclasses.dataclass
+class Region:
+    """Connected ops with no analytic rule (see the module docstring)."""
+
+    nodes: list[Node]
+    calibration: Calibration | None = None
+    # Why the region was not calibrated, if it was not.
+    skipped: str | None = None
+
+    @property
+    def inputs(self) -> list[Node]:
+        """Nodes outside the region that its nodes read (as the graph is now:
+        calibrating a region before this one may have rescaled an input)."""
+        inside = set(self.nodes)
+        return list(
+            dict.fromkeys(
+                p for n in self.nodes for p in n.all_input_nodes if p not in inside
+            )
+        )
+
+    @property
+    def outputs(self) -> list[Node]:
+        """Nodes of the region used outside it."""
+        inside = set(self.nodes)
+        return [n for n in self.nodes if any(u not in inside for u in n.users)]
+
+    def op_names(self) -> list[str]:
+        """Names of the ops that change values (rearrangements left out)."""
+        names: dict[str, None] = {}
+        for node in self.nodes:
+            if not is_rearrangement(node):
+                names[_op_name(node)] = None
+        return list(names) or ["rearrangement"]
+
+    @property
+    def rearranges_only(self) -> bool:
+        return all(is_rearrangement(n) for n in self.nodes)
+
+
+def _op_name(node: Node) -> str:
+    target = node.target
+    if isinstance(target, str):
+        return target
+    return getattr(target, "__name__", str(target)).strip("_")
+
+
+def find_regions(
+    graph: Graph,
+    values: GraphValues,
+    is_covered: Callable[[Node], bool],
+    stands_alone: Callable[[Node], bool],
+) -> list[Region]:
+    """Group the activation ops of ``graph`` not covered by a rule into regions.
+
+    A call node is in a region if ``is_covered`` is false for it and it computes
+    an activation, or is computed from a node in a region (a mask or index that
+    depends on activations is recomputed with them). Regions are the connected
+    components of those nodes; their outputs are the members used outside. A node
+    for which ``stands_alone`` holds (a product with a weight that no rule
+    covers) is a region of its own, so that what follows it sees a unit input.
+    """
+    members: set[Node] = set()
+    for node in graph.nodes:
+        if node.op not in ("call_function", "call_method") or is_covered(node):
+            continue
+        if values.kind(node) is Kind.DATA or any(
+            p in members for p in node.all_input_nodes
+        ):
+            members.add(node)
+    parent: dict[Node, Node] = {n: n for n in members}
+
+    def find(n: Node) -> Node:
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    alone = {n for n in members if stands_alone(n)}
+    for node in members:
+        for p in node.all_input_nodes:
+            if p in members and node not in alone and p not in alone:
+                parent[find(p)] = find(node)
+    groups: dict[Node, list[Node]] = {}
+    for node in graph.nodes:  # graph order within each region
+        if node in members:
+            groups.setdefault(find(node), []).append(node)
+    return [Region(nodes) for nodes in groups.values()]
+
+
+def _valid_rms(t: Tensor) -> float | None:
+    """RMS over the elements that are data rather than mask fill values."""
+    x = t.detach().float()
+    valid = torch.isfinite(x) & (x.abs() < _MASK_MAGNITUDE)
+    count = int(valid.sum())
+    if count == 0:
+        return None
+    return math.sqrt(float(torch.where(valid, x, 0.0).square().sum()) / count)
+
+
+def _stand_in(info: TensorInfo, generator: torch.Generator) -> Tensor:
+    x = torch.randn(info.shape, generator=generator, dtype=torch.float32)
+    return x.to(device=info.device, dtype=info.dtype).requires_grad_()
+
+
+@dataclasses.dataclass
+class _Plan:
+    """How to feed a region on stand-ins: ``leaves`` are the placeholders of the
+    calibration graph (with their values), ``prefix`` maps region inputs to the
+    producer nodes that are run in front of the region."""
+
+    leaves: list[Node]
+    leaf_values: list[Any]
+    stand_ins: dict[Node, Tensor]
+    prefix: dict[Node, Node]
+
+
+def _plan(
+    region: Region,
+    values: GraphValues,
+    generator: torch.Generator,
+    shapes_output: Callable[[Node], bool],
+) -> _Plan | str:
+    """Stand-ins for the region's inputs, or why they cannot be made.
+
+    An activation input is a unit-normal stand-in, unless its producer is an op
+    for which ``shapes_output`` holds (a softmax, a ReLU...): then the producer
+    itself runs on unit-normal stand-ins in front of the region, so that the
+    region sees probabilities or non-negative values as it would in the model.
+    """
+    plan = _Plan([], [], {}, {})
+
+    def leaf(node: Node) -> str | None:
+        if node in plan.leaves:
+            return None
+        if values.is_data(node):
+            info = values.tensor(node)
+            assert info is not None
+            plan.stand_ins[node] = _stand_in(info, generator)
+            value: Any = plan.stand_ins[node]
+        elif node in values.constants:
+            value = values.constants[node]
+        else:
+            return f"the value of its input {node.name} is not known at trace time"
+        plan.leaves.append(node)
+        plan.leaf_values.append(value)
+        return None
+
+    for node in region.inputs:
+        producer_inputs = node.all_input_nodes
+        if (
+            values.is_data(node)
+            and shapes_output(node)
+            and all(values.is_data(p) or p in values.constants for p in producer_inputs)
+        ):
+            plan.prefix[node] = node
+            for p in producer_inputs:
+                leaf(p)
+            continue
+        problem = leaf(node)
+        if problem is not None:
+            return problem
+    return plan
+
+
+def subgraph(
+    root: GraphModule, nodes: list[Node], inputs: list[Node], outputs: list[Node]
+) -> GraphModule:
+    """``nodes`` of ``root``'s graph as a module taking ``inputs`` and returning
+    the tuple of ``outputs``."""
+    graph = Graph()
+    env: dict[Node, Node] = {}
+    for i, node in enumerate(inputs):
+        env[node] = graph.placeholder(f"input_{i}")
+    for node in nodes:
+        env[node] = graph.node_copy(node, lambda n: env[n])
+    graph.output(tuple(env[n] for n in outputs))
+    return GraphModule(root, graph)
+
+
+def _subgraph(root: GraphModule, region: Region, plan: _Plan) -> GraphModule:
+    """The region (and its prefix producers) as a module of its leaves, returning
+    the region's outputs followed by the prefix producers' outputs."""
+    return subgraph(
+        root,
+        [*plan.prefix.values(), *region.nodes],
+        plan.leaves,
+        [*region.outputs, *plan.prefix],
+    )
+
+
+def _float_outputs(outputs: Iterable[Any]) -> list[Tensor | None]:
+    return [
+        x if isinstance(x, Tensor) and x.is_floating_point() else None for x in outputs
+    ]
+
+
+def calibrate(
+    root: GraphModule,
+    region: Region,
+    values: GraphValues,
+    shapes_output: Callable[[Node], bool] = lambda node: False,
+    seed: int = 0,
+) -> Calibration | str:
+    """Measure ``region`` on unit-normal stand-ins (see the module docstring and
+    :func:`_plan` for ``shapes_output``).
+
+    Returns the :class:`Calibration`, or a string saying why it cannot be done.
+    The global random-number generators are left untouched.
+    """
+    if any(is_functorch_internal(n.target) for n in region.nodes):
+        return "it contains functorch (vmap) internals, which run only whole-graph"
+    region_outputs = region.outputs
+    for node in region_outputs:
+        if values.infos.get(node) is None:
+            return f"the shape of {node.name} is not known at trace time"
+    generator = torch.Generator().manual_seed(seed)
+    plan = _plan(region, values, generator, shapes_output)
+    if isinstance(plan, str):
+        return plan
+    module = _subgraph(root, region, plan)
+    devices = {x.device.index or 0 for x in plan.stand_ins.values() if x.is_cuda}
+    try:
+        with torch.random.fork_rng(devices=sorted(devices)), torch.enable_grad():
+            everything = _float_outputs(module(*plan.leaf_values))
+            outputs = everything[: len(region_outputs)]
+            fed = dict(zip(plan.prefix, everything[len(region_outputs) :], strict=True))
+            for node, out in zip(region_outputs, outputs, strict=True):
+                info = values.infos[node]
+                if (
+                    out is not None
+                    and isinstance(info, TensorInfo)
+                    and tuple(out.shape) != info.shape
+                ):
+                    return (
+                        f"its output {node.name} has a shape that depends on the data "
+                        f"({tuple(out.shape)} on stand-ins, {info.shape} traced)"
+                    )
+            rms: list[float | None] = [
+                _valid_rms(out) if out is not None and values.is_data(node) else None
+                for node, out in zip(region_outputs, outputs, strict=True)
+            ]
+            differentiable = [
+                (out, r)
+                for out, r in zip(outputs, rms, strict=True)
+                if out is not None and r is not None and out.requires_grad
+            ]
+            sources = {
+                **plan.stand_ins,
+                **{n: t for n, t in fed.items() if t is not None},
+            }
+            sources = {n: t for n, t in sources.items() if n in region.inputs}
+            grads: dict[Node, float] = {}
+            if differentiable and sources:
+                incoming = [
+                    torch.randn(out.shape, generator=generator).to(out) / max(r, 1e-30)
+                    for out, r in differentiable
+                ]
+                received = torch.autograd.grad(
+                    [out for out, _ in differentiable],
+                    list(sources.values()),
+                    incoming,
+                    allow_unused=True,
+                )
+                for node, grad in zip(sources, received, strict=True):
+                    measured = None if grad is None else _valid_rms(grad)
+                    if measured is not None:
+                        grads[node] = measured
+    except Exception as error:
+        return f"it fails on unit-normal stand-ins ({type(error).__name__}: {error})"
+    return Calibration(rms, grads)
+
+
+def apply_output_scales(
+    graph: Graph, region: Region, values: GraphValues, keep: set[Node]
+) -> list[tuple[Node, float]]:
+    """Multiply each region output not at unit scale by ``1 / rms`` (its true
+    gradient included), except outputs in ``keep``; returns the outputs scaled
+    and their factors."""
+    assert region.calibration is not None
+    inside = set(region.nodes)
+    applied = []
+    for node, rms in zip(region.outputs, region.calibration.output_rms, strict=True):
+        if rms is None or rms == 0 or 1 / UNIT_TOLERANCE <= rms <= UNIT_TOLERANCE:
+            continue
+        info = values.tensor(node)
+        if node in keep or (info is not None and info.numel == 1):
+            continue  # a scalar (a loss, a total) keeps the value the model defines
+        factor = _round_scale(1 / rms)
+        with graph.inserting_after(node):
+            scaled = graph.call_function(calibrated_scale, (node, factor))
+        values.record_like(scaled, node)
+        for user in list(node.users):
+            if user is not scaled and user not in inside:
+                user.replace_input_with(node, scaled)
+        applied.append((node, factor))
+    return applied
+
+
+def _round_scale(scale: float) -> float:
+    """Four significant figures: the measured factor has about that accuracy, and
+    round numbers read better in logs and reports."""
+    return float(f"{scale:.4g}")

@@ -1,0 +1,132 @@
+"""What ``unit_scale`` did to each op and parameter: :class:`UnitScaleReport`."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+from typing import Any, Literal
+
+__all__ = ["OpRecord", "ParameterRecord", "UnitScaleReport"]
+
+How = Literal["analytic", "residual", "calibrated", "unit already", "left as is"]
+
+
+@dataclasses.dataclass(frozen=True)
+class OpRecord:
+    """One traced op (or calibrated region of ops) and what unit scaling did.
+
+    ``how`` is ``"analytic"`` (replaced by a unit-scaled function with a
+    documented rule), ``"residual"`` (a residual add, see ``U.residual_add``),
+    ``"calibrated"`` (no rule: a static scale measured on unit-normal stand-ins),
+    ``"unit already"`` (calibrated, and found within 10% of unit scale, so left
+    unchanged) or ``"left as is"`` (neither a rule nor calibration applies;
+    ``detail`` says why).
+    """
+
+    op: str
+    how: How
+    module: str
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterRecord:
+    """A parameter's role as ``unit_scale`` read it from the graph, what was done
+    to its value (``"unit std"``, ``"zero"``, ``"ones"``, ``"kept"``, or
+    ``"initialised before"`` by the layer it belongs to or an earlier capture),
+    and the calibrated scale applied to its gradient (1 if none)."""
+
+    name: str
+    role: str
+    init: str
+    grad_scale: float = 1.0
+
+
+def _pattern(module: str) -> str:
+    """``model.layers.3.mlp`` -> ``model.layers.*.mlp``: one row for every layer."""
+    return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", module)
+
+
+@dataclasses.dataclass
+class UnitScaleReport:
+    """Every op ``unit_scale`` met in the graphs it captured, and what it did.
+
+    Filled as graphs are captured (at the first call, and again for each new
+    input signature or graph break). ``str(report)`` prints a summary table with
+    one row per (op, treatment, module pattern); :meth:`summary` returns those
+    rows, :meth:`to_dataframe` a pandas DataFrame of them.
+
+    Example::
+
+        >>> model = unit_scale(nn.Sequential(nn.Linear(8, 8), nn.Softplus()))
+        >>> _ = model(torch.randn(4, 8))
+        >>> report = model.unit_scale_report()
+        >>> sorted({r.how for r in report.ops})
+        ['analytic', 'calibrated']
+    """
+
+    ops: list[OpRecord] = dataclasses.field(default_factory=list)
+    parameters: list[ParameterRecord] = dataclasses.field(default_factory=list)
+
+    @property
+    def left_as_is(self) -> list[OpRecord]:
+        """The ops that were neither unit-scaled by a rule nor calibrated."""
+        return [r for r in self.ops if r.how == "left as is"]
+
+    def gradient_scales(self) -> dict[str, float]:
+        """The calibrated gradient scale of each parameter, by name (the last
+        capture that used it)."""
+        return {p.name: p.grad_scale for p in self.parameters}
+
+    def counts(self) -> dict[str, int]:
+        """How many ops were treated each way."""
+        return dict(Counter(r.how for r in self.ops))
+
+    def summary(self) -> list[tuple[str, str, str, int, str]]:
+        """Rows ``(op, how, module pattern, count, detail)``, in first-seen order."""
+        rows: dict[tuple[str, str, str, str], int] = {}
+        for r in self.ops:
+            key = (r.op, r.how, _pattern(r.module), r.detail)
+            rows[key] = rows.get(key, 0) + 1
+        return [(op, how, mod, n, detail) for (op, how, mod, detail), n in rows.items()]
+
+    def to_dataframe(self) -> Any:
+        """:meth:`summary` as a pandas DataFrame (needs ``pandas``)."""
+        try:
+            import pandas  # type: ignore[import-untyped,unused-ignore]
+        except ImportError as error:
+            raise ImportError(
+                "UnitScaleReport.to_dataframe needs pandas: "
+                'pip install "torch-unit-scaling[plot]"'
+            ) from error
+        return pandas.DataFrame(
+            self.summary(), columns=["op", "how", "module", "count", "detail"]
+        )
+
+    def __str__(self) -> str:
+        if not self.ops:
+            return "UnitScaleReport: nothing captured yet (call the module first)"
+        counts = ", ".join(f"{n} {how}" for how, n in self.counts().items())
+        lines = [f"unit_scale: {len(self.ops)} ops ({counts})"]
+        rows = self.summary()
+        widths = [
+            max(len(h), *(len(str(r[i])) for r in rows))
+            for i, h in enumerate(("op", "how", "module", "count"))
+        ]
+        header = ("op", "how", "module", "count", "detail")
+        for row in (header, *rows):
+            cells = [str(c).ljust(w) for c, w in zip(row[:4], widths, strict=True)]
+            lines.append("  ".join([*cells, str(row[4])]).rstrip())
+        return "\n".join(lines)
+
+    def warning_text(self, records: list[OpRecord]) -> str:
+        """One paragraph naming ops left as is, grouped (for the WARNING log)."""
+        grouped: dict[tuple[str, str], list[str]] = {}
+        for r in records:
+            grouped.setdefault((r.op, r.detail), []).append(_pattern(r.module))
+        parts = []
+        for (op, detail), modules in grouped.items():
+            where = ", ".join(dict.fromkeys(m or "<root>" for m in modules))
+            parts.append(f"{op} x{len(modules)} in {where}: {detail}")
+        return "; ".join(parts)

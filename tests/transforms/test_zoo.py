@@ -1,0 +1,127 @@
+"""The transforms on every architecture of the zoo (``unit_scaling.zoo``).
+
+For each model: ``unit_scale`` puts ≥ 90% of parameter gradients and of tracked
+tensors at unit scale, at the traced shapes and at a second set of shapes;
+``track_scales`` and ``simulate_fp8(unit_scale(m))`` run forward and backward with
+finite results; ``torch.compile(unit_scale(m))`` matches eager; the user's module
+is never modified. At least one model per family runs by default, the rest under
+``-m slow`` (for run time only).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from unit_scaling import zoo
+from unit_scaling.analysis.coverage import unit_scale_coverage
+from unit_scaling.transforms import simulate_fp8, track_scales, unit_scale
+
+MIN_FRACTION = 0.9
+
+# One or more per family in the default run; the rest are marked slow.
+DEFAULT = {
+    "gpt2",
+    "llama",
+    "gpt-neox",
+    "bloom",
+    "mixtral",
+    "bert",
+    "t5",
+    "whisper",
+    "vit",
+    "resnet",
+    "convnext",
+    "dit",
+    "mamba2",
+    "user-inplace",
+    "sequential",
+    "nn-transformer",
+}
+
+
+def _params(names: list[str]) -> list[object]:
+    params = []
+    for name in names:
+        model = zoo.get(name)
+        marks = []
+        if name not in DEFAULT:
+            marks.append(pytest.mark.slow)
+        if not model.available():
+            marks.append(pytest.mark.skip(reason=f"needs {', '.join(model.requires)}"))
+        params.append(pytest.param(name, marks=marks, id=name))
+    return params
+
+
+ALL = _params(zoo.names())
+
+
+def test_every_family_runs_by_default() -> None:
+    families = {zoo.get(name).family for name in DEFAULT}
+    assert families == {m.family for m in zoo.MODELS.values()}
+
+
+def _backward(output: Tensor, seed: int = 0) -> None:
+    grad = torch.randn(output.shape, generator=torch.Generator().manual_seed(seed))
+    output.backward(grad.to(output))
+
+
+def _finite_grads(model: nn.Module) -> bool:
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return bool(grads) and all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_unit_scale_coverage(name: str) -> None:
+    model = zoo.get(name)
+    reports = unit_scale_coverage(
+        model.make(0), model.example(0, 0), model.example(0, 1), output=model.output
+    )
+    for shapes, report in zip(("traced", "second"), reports, strict=True):
+        assert report.parameter_fraction >= MIN_FRACTION, (
+            f"{name} ({shapes} shapes): {report.describe()}"
+        )
+        assert report.tensor_fraction >= MIN_FRACTION, (
+            f"{name} ({shapes} shapes): {report.describe()}"
+        )
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_transforms_run_and_leave_the_model_alone(name: str) -> None:
+    model = zoo.get(name)
+    original = model.make(0)
+    state = {k: v.clone() for k, v in original.state_dict().items()}
+    modules = dict(original.named_modules())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        tracked = track_scales(original)
+        output = model.run(tracked, 0, 0)
+        _backward(output)
+        assert torch.isfinite(output).all() and _finite_grads(tracked)
+        assert any("metrics" in n.meta for n in tracked.scales_graph().nodes)
+
+        fp8 = simulate_fp8(unit_scale(original))
+        output = model.run(fp8, 0, 0)
+        _backward(output)
+        assert torch.isfinite(output).all() and _finite_grads(fp8)
+    after = original.state_dict()
+    assert state.keys() == after.keys()
+    for key, value in state.items():
+        assert torch.equal(value, after[key]), f"{name}: {key} was modified"
+    assert dict(original.named_modules()) == modules
+    assert all(p.grad is None for p in original.parameters())
+
+
+@pytest.mark.parametrize(
+    "backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)]
+)
+@pytest.mark.parametrize("name", ALL)
+def test_compile_matches_eager(name: str, backend: str) -> None:
+    model = zoo.get(name)
+    scaled = unit_scale(model.make(0))
+    eager = model.run(scaled, 0, 0)
+    compiled = torch.compile(scaled, backend=backend)
+    torch.testing.assert_close(model.run(compiled, 0, 0), eager, rtol=1e-4, atol=1e-4)
