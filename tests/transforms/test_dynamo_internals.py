@@ -23,7 +23,7 @@ from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters
 from torch.fx import GraphModule
 
-from unit_scaling.transforms import _dynamo
+from unit_scaling.transforms import _dynamo, unit_scale
 
 
 @pytest.fixture(autouse=True)
@@ -169,10 +169,26 @@ def test_fresh_forward_has_private_code() -> None:
     first, second = nn.Linear(2, 2), nn.Linear(2, 2)
     a, b = _dynamo._fresh_forward(first), _dynamo._fresh_forward(second)
     shared = nn.Linear.forward.__code__
-    assert a.__func__.__code__ is not shared
-    assert a.__func__.__code__ is not b.__func__.__code__
+    assert a.__code__ is not shared
+    assert a.__code__ is not b.__code__
     x = torch.randn(3, 2)
-    torch.testing.assert_close(a(x), first(x))
+    torch.testing.assert_close(a(first, x), first(x))
+
+
+def test_torch_forward_is_a_top_frame_of_its_own() -> None:
+    # torch.compile wraps functions from torch's files in a shared frame
+    # (external_utils.wrap_inline); a copy filed elsewhere is compiled as is.
+    assert trace_rules.check(nn.Linear.forward)
+    clone = _dynamo._fresh_forward(nn.Linear(2, 2))
+    assert not trace_rules.check(clone)
+
+
+def test_many_transformed_torch_modules_stay_traced() -> None:
+    # More transformed nn.Linear roots than Dynamo's recompile limit.
+    for _ in range(torch._dynamo.config.recompile_limit + 2):
+        scaled = unit_scale(nn.Linear(4, 4))
+        scaled(torch.randn(2, 4))
+        assert scaled.unit_scale_report().ops  # traced, not run eagerly
 
 
 # --------------------------------------------------------------------------- #
@@ -332,3 +348,66 @@ def test_dispatch_mode_query() -> None:
     assert _get_current_dispatch_mode() is None
     with TorchDispatchMode():
         assert _get_current_dispatch_mode() is not None
+
+
+# --------------------------------------------------------------------------- #
+# 5. Symbolic sizes of dynamic-shape graphs, and functorch levels.
+# --------------------------------------------------------------------------- #
+
+
+def test_symbolic_sizes_have_their_values_as_hints() -> None:
+    """A recompiled graph takes sizes as SymInts; calibration needs their values."""
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    seen: list[Any] = []
+
+    def backend(gm: GraphModule, example_inputs: Sequence[Any]) -> Any:
+        seen.append([x for x in example_inputs if isinstance(x, torch.SymInt)])
+        return gm.forward
+
+    compiled = torch.compile(lambda x: x.sum(0).expand(3, x.shape[1]), backend=backend)
+    compiled(torch.randn(4, 5))
+    compiled(torch.randn(6, 7))
+    assert seen[-1], "the second shape should compile a dynamic graph"
+    assert sorted(optimization_hint(s) for s in seen[-1]) == [6, 7]
+
+
+def _vmapped(x: Tensor) -> Tensor:
+    return torch.vmap(lambda row: row.sin() * 2)(x) + 1
+
+
+def test_vmap_traces_into_matching_nesting_calls() -> None:
+    """Dynamo inlines vmap as _vmap_increment_nesting ... _vmap_decrement_nesting
+    around _add_batch_dim/_remove_batch_dim: _dynamo.functorch_sections finds
+    that span, and is_functorch_internal its level-changing calls."""
+    capture = Capture()
+    torch.compile(_vmapped, backend=capture)(torch.randn(3, 4))
+    graph = capture.graphs[0].graph
+    sections = _dynamo.functorch_sections(graph)
+    assert len(sections) == 1
+    names = [getattr(n.target, "__name__", "") for n in sections[0]]
+    assert names[0] == "_vmap_increment_nesting"
+    assert names[-1] == "_vmap_decrement_nesting"
+    assert "_add_batch_dim" in names and "_remove_batch_dim" in names
+    assert all(_dynamo.is_functorch_internal(sections[0][i].target) for i in (0, -1))
+
+
+def test_functorch_levels_are_restored_after_a_failure() -> None:
+    functorch = torch._C._functorch
+    assert functorch.maybe_current_level() is None
+    with pytest.raises(RuntimeError), _dynamo.restore_functorch_levels():
+        functorch._vmap_increment_nesting(3, "error")
+        raise RuntimeError("a failure half-way through a vmapped region")
+    assert functorch.maybe_current_level() is None
+
+
+def test_readable_name_through_module_dict() -> None:
+    # Diffusers reaches submodules through ``self.__dict__["_modules"]``.
+    steps = [
+        ("attr", "__dict__"),
+        ("item", "_modules"),
+        ("item", "up"),
+        ("attr", "_parameters"),
+        ("item", "weight"),
+    ]
+    assert _dynamo._readable_name("self", steps, "self") == "up.weight"

@@ -66,17 +66,36 @@ def opaque_functions(functions: Sequence[Callable[..., Any]]) -> Iterator[None]:
 
 _CLONES = itertools.count()
 
+# Dynamo's limit on compiled versions of one code object, while a transformed
+# module runs. After a graph break, code that several module instances share
+# (the ``forward`` of each of 24 decoder layers, say) resumes in frames of its
+# own, compiled once per instance (guards check the module) and per input shape;
+# at torch's default of 8, later layers would run untransformed.
+_RECOMPILE_LIMIT = 256
+
 
 def _fresh_forward(module: nn.Module) -> Callable[..., Any]:
-    """``module.forward`` rebuilt on a private copy of its code object."""
-    bound = type(module).forward.__get__(module)
-    fn = bound.__func__
-    # A new code object starts with an empty Dynamo cache; a unique name also
-    # keeps Dynamo's per-function state (automatic dynamic shapes, keyed by file,
-    # line and name) from leaking between transformed modules.
-    code = fn.__code__.replace(co_name=f"{fn.__code__.co_name}_{next(_CLONES)}")
+    """``type(module).forward`` rebuilt on a private copy of its code object, as a
+    plain function (call it with the module as its first argument).
+
+    A new code object starts with an empty Dynamo cache; a unique name also keeps
+    Dynamo's per-function state (automatic dynamic shapes, keyed by file, line
+    and name) from leaking between transformed modules. Code from torch's own
+    files (``nn.Linear.forward``, ``nn.Sequential.forward``) is filed under a
+    pseudo file name: ``torch.compile`` would otherwise wrap such a function in
+    a frame of its own (``external_utils.wrap_inline``), whose one code object
+    all transformed torch modules would share, and after ``recompile_limit`` of
+    them Dynamo would run the rest eagerly.
+    """
+    fn = type(module).forward
+    while hasattr(fn, "__func__"):  # a classmethod-like descriptor, say
+        fn = fn.__func__
+    code = fn.__code__
+    changes: dict[str, Any] = {"co_name": f"{code.co_name}_{next(_CLONES)}"}
+    if torch._dynamo.trace_rules.check(fn):  # a torch file: skipped as a top frame
+        changes["co_filename"] = f"<unit_scaling copy of {code.co_filename}>"
     clone = types.FunctionType(
-        code,
+        code.replace(**changes),
         fn.__globals__,
         fn.__name__,
         fn.__defaults__,
@@ -85,7 +104,7 @@ def _fresh_forward(module: nn.Module) -> Callable[..., Any]:
     clone.__kwdefaults__ = fn.__kwdefaults__
     clone.__dict__.update(fn.__dict__)
     clone.__wrapped__ = fn  # type: ignore[attr-defined]
-    return types.MethodType(clone, module)
+    return clone
 
 
 # --------------------------------------------------------------------------- #
@@ -132,6 +151,10 @@ def _readable_name(root: str, steps: list[_Step], self_name: str) -> str:
     for kind, key in steps:
         if kind == "attr" and key in ("_modules", "_parameters", "_buffers"):
             continue
+        if kind == "attr" and key == "__dict__":  # self.__dict__["_modules"]...
+            continue
+        if kind == "item" and key in ("_modules", "_parameters", "_buffers"):
+            continue  # (reached through __dict__)
         parts.append(str(key) if kind in ("attr", "item") else f"{kind}({key})")
     return ".".join(parts)
 
@@ -419,7 +442,7 @@ class _TransformedForward:
     def __init__(self, module: nn.Module, state: TransformState) -> None:
         self._module = module
         self._state = state
-        self._original = _fresh_forward(module)
+        self._original = _fresh_forward(module)  # called with the module first
         # The frame Dynamo captures is this function's own, decorators included.
         signature = inspect.signature(type(module).forward, follow_wrapped=False)
         self._self_name = next(iter(signature.parameters), "self")
@@ -479,6 +502,12 @@ class _TransformedForward:
 
     # -- eager path ---------------------------------------------------------- #
     def _eager(self, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self._original, "_torchdynamo_disable", False):
+            raise _untraceable(
+                self._module,
+                "its forward is decorated with torch._dynamo.disable "
+                "(or torch.compiler.disable), which stops TorchDynamo from tracing it",
+            )
         state = self._state
         for prepare in state.before_call:
             prepare(args, kwargs)
@@ -492,9 +521,11 @@ class _TransformedForward:
             # Scales must stay Python numbers in the graph (never 0-d inputs).
             with (
                 opaque_functions(state.non_recurse),
-                torch._dynamo.config.patch(specialize_float=True),
+                torch._dynamo.config.patch(
+                    specialize_float=True, recompile_limit=_RECOMPILE_LIMIT
+                ),
             ):
-                output = self._compiled(*args, **kwargs)
+                output = self._compiled(self._module, *args, **kwargs)
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as error:
             raise _untraceable(self._module, str(error)) from error
         finally:
