@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 import torch
@@ -104,3 +105,75 @@ def test_gradient_count_must_match_outputs() -> None:
         analyse_module(
             nn.Linear(4, 4), torch.randn(2, 4), backward=(torch.ones(2, 4),) * 2
         )
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + torch.relu(self.fc(self.norm(x)))
+
+
+class _Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([_Block(), _Block()])
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = layer(x) * 2
+        return self.head(x)
+
+
+def test_recurse_modules_false_shows_one_line_per_submodule_call() -> None:
+    torch.manual_seed(0)
+    model, x = _Stack(), torch.randn(4, 8)
+    deep = analyse_module(model, x)
+    shallow = analyse_module(model, x, recurse_modules=False)
+    assert "F.layer_norm" in deep and "self.layers.0.fc.weight" in deep
+    assert "F.layer_norm" not in shallow and ".weight" not in shallow
+    assert shallow.splitlines()[0] == "def forward(x):"
+    first = _line(shallow, "add = self.layers[0](x)")
+    _line(shallow, "add_1 = self.layers[1](x)")  # reads the rebound x
+    head = _line(shallow, "linear_2 = self.head(x_1)")
+    # a call is annotated with the scale of the module's output
+    fwd, bwd = _stds(first)
+    with torch.no_grad():
+        expected = model.layers[0](x).std().item()
+    assert fwd == pytest.approx(expected, rel=5e-3) and bwd is not None
+    assert _stds(head)[0] == pytest.approx(_stds(_line(deep, "linear_2 ="))[0])
+    assert len(shallow.splitlines()) < len(deep.splitlines())
+
+
+def test_recurse_modules_false_on_a_unit_scaled_model() -> None:
+    shallow = analyse_module(
+        unit_scale(_Stack()), torch.randn(4, 8), recurse_modules=False
+    )
+    assert "self.layers[0](" in shallow and "self.head(" in shallow
+    assert ".weight" not in shallow  # parameters (and their scaling) are inside
+
+
+def test_syntax_highlight_colours_with_pygments() -> None:
+    pytest.importorskip("pygments")
+    x, scale = torch.randn(4, 8), torch.tensor(2.0)
+    plain = analyse_module(_Residual(), (x, scale))
+    coloured = analyse_module(_Residual(), (x, scale), syntax_highlight=True)
+    assert "\x1b[" in coloured and "\x1b[" not in plain
+    assert (
+        re.sub(r"\x1b\[[0-9;]*m", "", coloured).split("(->")[0] == plain.split("(->")[0]
+    )
+
+
+def test_syntax_highlight_without_pygments_returns_plain_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pygments", None)  # import fails
+    with pytest.warns(UserWarning, match="pygments"):
+        code = analyse_module(
+            _Residual(), (torch.randn(4, 8), torch.tensor(2.0)), syntax_highlight=True
+        )
+    assert "\x1b[" not in code and code.startswith("def forward(")

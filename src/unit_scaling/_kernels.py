@@ -7,6 +7,12 @@ kernel is compiled once per input dtype (inputs are flattened and shapes kept
 dynamic), only for tensors large enough to benefit, never while an outer
 ``torch.compile`` is tracing (which fuses the eager kernel itself), and if
 compilation ever fails the owner warns once and runs eagerly from then on.
+
+:class:`NativeKernel` is for the one CPU kernel that ``torch.compile`` serves
+poorly: scale statistics, run on hundreds of tensors per training step, where a
+compiled call's fixed cost (~40 us) and Inductor's code for eleven reductions
+(~1 ms per million elements) dominate. It compiles a hand-written C++ function
+with Inductor's own C++ toolchain.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import cast
 import torch
 from torch import Tensor
 
-__all__ = ["CompiledKernels"]
+__all__ = ["CompiledKernels", "NativeKernel"]
 
 
 class CompiledKernels:
@@ -82,3 +88,52 @@ class CompiledKernels:
             except Exception as error:  # e.g. no C++ compiler
                 self.stop_compiling(error)
         return eager_kernel(flat, *args)
+
+
+class NativeKernel:
+    """A C++ function ``kernel(...)``, compiled on first use, callable from Python
+    with tensors (passed as data pointers) and ints.
+
+    Compilation goes through Inductor's C++ code cache (private API: the one use
+    of it in this package, checked by ``tests/test_kernels.py``), so the
+    compiler, flags, vector ISA (``at::vec``), OpenMP and on-disk cache are the
+    ones ``torch.compile`` uses on this machine. If that fails (e.g. no C++
+    compiler), the owner warns once and :meth:`get` returns ``None`` from then on:
+    callers keep a fallback.
+
+    The arguments are not checked: pass contiguous CPU tensors of the declared
+    element types, and pointers only to memory the kernel may touch.
+
+    Args:
+        owner: named in the warning if compilation fails.
+        source: C++ source defining ``extern "C" void kernel(...)``; may use
+            ``at::vec`` (``torch/csrc/inductor/cpp_prefix.h``).
+        argtypes: the C types of ``kernel``'s arguments, e.g.
+            ``["const float*", "double*", "int64_t"]``.
+    """
+
+    def __init__(self, owner: str, source: str, argtypes: list[str]) -> None:
+        self.owner = owner
+        self.source = source
+        self.argtypes = argtypes
+        self.error: str | None = None
+        self._kernel: Callable[..., None] | None = None
+
+    def get(self) -> Callable[..., None] | None:
+        """The compiled function (compiling it if needed), or ``None``."""
+        if self._kernel is None and self.error is None:
+            try:
+                from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+                self._kernel = CppPythonBindingsCodeCache.load_pybinding(
+                    self.argtypes, self.source
+                )
+            except Exception as error:  # e.g. no C++ compiler, or a torch change
+                self.error = f"{type(error).__name__}: {error}"
+                warnings.warn(
+                    f"{self.owner}: could not compile its C++ kernel, so it uses a "
+                    f"slower fallback. The error was: {self.error}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+        return self._kernel

@@ -6,7 +6,10 @@ data frames).
 
 from __future__ import annotations
 
+import itertools
 import operator
+import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -138,20 +141,137 @@ def _is_shape_symbol(node: Node) -> bool:
     return node.op == "placeholder" and isinstance(value, (int, torch.SymInt))
 
 
-def _annotated_code(graph: Graph) -> str:
+_ROOT = re.compile(r"^L\['[^']+'\]\.")
+
+
+def _module_call(node: Node) -> tuple[str, str] | None:
+    """``(call key, module path)`` of the outermost submodule call that produced
+    ``node``, from Dynamo's ``nn_module_stack`` (``None`` at the top level)."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    key, (path, _) = next(iter(stack.items()))
+    path = str(path)
+    if not _ROOT.match(path):
+        return None
+    return str(key), _ROOT.sub("", path)
+
+
+def _module_ref(path: str) -> str:
+    """``layers.0.mlp`` -> ``self.layers[0].mlp``."""
+    ref = "self"
+    for part in path.split("."):
+        if part.isidentifier():
+            ref += f".{part}"
+        elif part.isdigit():
+            ref += f"[{part}]"
+        else:
+            ref += f"[{part!r}]"
+    return ref
+
+
+def _calls(graph: Graph) -> list[list[Node]]:
+    """The graph's operations in order, consecutive ones from the same submodule
+    call grouped. An operation with no module of its own (e.g. one inserted by
+    a transform) joins the call around it, if the operations on both sides
+    belong to the same call."""
+    ops = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
+    keys = [_module_call(n) for n in ops]
+    known = [i for i, k in enumerate(keys) if k is not None]
+    for before, after in itertools.pairwise(known):
+        if keys[before] == keys[after]:
+            keys[before + 1 : after] = [keys[before]] * (after - before - 1)
+    groups: list[list[Node]] = []
+    for i, node in enumerate(ops):
+        if keys[i] is not None and i > 0 and keys[i] == keys[i - 1]:
+            groups[-1].append(node)
+        else:
+            groups.append([node])
+    return groups
+
+
+def _call_line(nodes: list[Node], names: dict[Node, str]) -> tuple[str, str]:
+    """One line calling the submodule that computed ``nodes``: its outputs are
+    the values used outside the call, its arguments the values it reads."""
+    inside = set(nodes)
+    call = _module_call(nodes[0]) or _module_call(nodes[-1])
+    assert call is not None
+    path = call[1]
+    args: list[Node] = []
+    for node in nodes:
+        for arg in node.all_input_nodes:
+            owned = arg.op == "placeholder" and _is_under(arg, path)
+            if arg not in inside and arg not in args and not owned:
+                args.append(arg)
+    outputs = [n for n in nodes if any(u not in inside for u in n.users)]
+    outputs = outputs or nodes[-1:]
+    targets = ", ".join(names[n] for n in outputs)
+    code = f"{targets} = {_module_ref(path)}({', '.join(names[a] for a in args)})"
+    note = " ".join(filter(None, (_annotation(n) for n in outputs)))
+    return code, note
+
+
+def _with_parameter_ops(nodes: list[Node], path: str) -> list[Node]:
+    """``nodes`` of one call, plus the operations outside it that only prepare
+    its own parameters (e.g. a transform's scaling of a weight)."""
+    inside = set(nodes)
+    added: list[Node] = []
+    grown = True
+    while grown:
+        grown = False
+        for read in {r for n in inside for r in n.all_input_nodes} - inside:
+            if (
+                read.op != "placeholder"
+                and _module_call(read) is None
+                and all(u in inside for u in read.users)
+                and all(r in inside or _is_under(r, path) for r in read.all_input_nodes)
+            ):
+                inside.add(read)
+                added.append(read)
+                grown = True
+    return added + nodes
+
+
+def _is_under(node: Node, path: str) -> bool:
+    """Whether a placeholder is a parameter or buffer of the module at ``path``."""
+    return str(node.meta.get("clean_name", "")).startswith(f"{path}.")
+
+
+def _annotated_code(graph: Graph, recurse_modules: bool = True) -> str:
     names = _reference_names(graph)
+    call_lines: dict[Node, tuple[str, str]] = {}  # at the last node of a call
+    inside_calls: set[Node] = set()
+    collapsed: list[str] = []
+    for nodes in [] if recurse_modules else _calls(graph):
+        call = _module_call(nodes[0])
+        if call is not None:
+            nodes = _with_parameter_ops(nodes, call[1])
+            call_lines[nodes[-1]] = _call_line(nodes, names)
+            inside_calls.update(nodes)
+            collapsed.append(call[1])
+
+    def hidden(node: Node) -> bool:
+        """A shape symbol, or a parameter or buffer inside a collapsed call."""
+        return _is_shape_symbol(node) or (
+            node.op == "placeholder" and any(_is_under(node, p) for p in collapsed)
+        )
+
     inputs = [
         names[n]
         for n in graph.nodes
         if n.op == "placeholder"
         and not n.meta.get("requires_grad", False)
-        and not _is_shape_symbol(n)
+        and not hidden(n)
     ]
     lines: list[tuple[str, str]] = []
     for node in graph.nodes:
-        if _is_shape_symbol(node):
+        if hidden(node):
             continue
-        if node.op == "output":
+        if node in call_lines:
+            lines.append(call_lines[node])
+        elif node in inside_calls:
+            continue
+        elif node.op == "output":
             # Graphs without a recorded output value end without a return line.
             if node.args and node.args[0] is not None:
                 lines.append((f"return {_format_arg(node.args[0], names)}", ""))
@@ -169,6 +289,23 @@ def _annotated_code(graph: Graph) -> str:
     return "\n".join([f"def forward({', '.join(inputs)}):", *body])
 
 
+def _highlight(code: str) -> str:
+    """``code`` coloured for a terminal (ANSI codes) if pygments is installed."""
+    try:
+        from pygments import highlight  # type: ignore[import-untyped]
+        from pygments.formatters import TerminalFormatter  # type: ignore[import-untyped]
+        from pygments.lexers import PythonLexer  # type: ignore[import-untyped]
+    except ImportError:
+        warnings.warn(
+            "analyse_module: syntax_highlight=True needs pygments (pip install "
+            "pygments); returning plain text",
+            UserWarning,
+            stacklevel=3,
+        )
+        return code
+    return str(highlight(code, PythonLexer(), TerminalFormatter())).rstrip("\n")
+
+
 def _default_gradients(outputs: list[Tensor]) -> list[Tensor]:
     generator = torch.Generator().manual_seed(0)
     return [
@@ -183,6 +320,9 @@ def analyse_module(
     module: nn.Module,
     inputs: Tensor | tuple[Any, ...],
     backward: Tensor | tuple[Tensor, ...] | None = None,
+    *,
+    recurse_modules: bool = True,
+    syntax_highlight: bool = False,
 ) -> str:
     """The module's traced code, each line annotated with the scale it produces.
 
@@ -201,9 +341,18 @@ def analyse_module(
             floating-point tensors of the output). Default: a unit-normal gradient
             (fixed seed), or ``1`` for a one-element output such as a loss; no
             backward pass when the output does not require grad.
+        recurse_modules: show the operations inside submodules (default). With
+            ``False``, each call of a direct submodule of ``module`` is one line,
+            ``out = self.block(x)``, annotated with the scale of its output; its
+            arguments are the values the call reads, and its parameters are not
+            listed.
+        syntax_highlight: colour the code with ANSI terminal codes, for
+            ``print``. Uses `pygments` when it is installed; without it, warns
+            and returns plain text. Default ``False``: plain text, to compare
+            or save (the reference library colours by default).
 
     Returns:
-        The annotated code, one line per graph node.
+        The annotated code, one line per graph node (or submodule call).
 
     Example (arguments abridged)::
 
@@ -239,4 +388,5 @@ def analyse_module(
             "require grad (no float inputs or parameters feed it)"
         )
     graph: Graph = tracked.scales_graph()  # type: ignore[operator]
-    return _annotated_code(graph)
+    code = _annotated_code(graph, recurse_modules)
+    return _highlight(code) if syntax_highlight else code

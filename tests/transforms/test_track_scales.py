@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import importlib
 import math
+import operator
+import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -27,6 +32,7 @@ from unit_scaling.transforms import (
     track_scales,
     unit_scale,
 )
+from unit_scaling.transforms._dynamo import apply_transform
 
 META_KEYS = ("clean_name", "outputs_float_tensor", "requires_grad")
 
@@ -51,7 +57,7 @@ def tracked(request: pytest.FixtureRequest) -> Tracked:
 
 
 def test_every_float_tensor_has_metrics(tracked: Tracked) -> None:
-    nodes = [n for n in tracked.graph.nodes if n.op != "output"]
+    nodes = list(tracked.graph.nodes)
     for node in nodes:
         for key in META_KEYS:
             assert key in node.meta, (node.name, key)
@@ -186,9 +192,19 @@ def test_forward_only_has_no_backward_metrics() -> None:
     assert nodes and all(n.meta["metrics"].bwd is None for n in nodes)
 
 
-def test_scales_graph_before_forward_raises() -> None:
-    with pytest.raises(RuntimeError, match="forward"):
-        track_scales(MLP()).scales_graph()
+def test_scales_graph_before_forward_is_empty() -> None:
+    graph = track_scales(MLP()).scales_graph()
+    assert isinstance(graph, Graph) and len(graph.nodes) == 0
+    # an empty graph prunes to an empty graph
+    for prune in (prune_non_float_tensors, prune_same_scale_tensors):
+        assert len(prune(graph).nodes) == 0
+
+
+def test_output_node_carries_the_metadata(tracked: Tracked) -> None:
+    [output] = [n for n in tracked.graph.nodes if n.op == "output"]
+    assert output.meta["clean_name"] == "output"
+    assert output.meta["outputs_float_tensor"] is False
+    assert output.meta["requires_grad"] is False
 
 
 def test_graph_reflects_latest_call() -> None:
@@ -207,6 +223,7 @@ def test_metrics_match_tensor_statistics() -> None:
             return x * 3
 
     model = track_scales(Scale())
+    torch.manual_seed(0)  # a mean not so near 0 that rel=1e-5 is below rounding
     x = torch.randn(64, 32)
     grad = torch.randn(64, 32)
     model(x).backward(grad)
@@ -403,3 +420,418 @@ def test_nanogpt_positions_are_pruned_as_non_float() -> None:
     pruned = prune_non_float_tensors(graph)
     assert "positions" not in {n.meta.get("clean_name") for n in pruned.nodes}
     assert U.residual_add in {n.target for n in pruned.nodes}
+
+
+# --------------------------------------------------------------------------- #
+# Statistics: the C++ kernel, the torch kernel and the definitions agree.
+# --------------------------------------------------------------------------- #
+
+track_scales_module = importlib.import_module("unit_scaling.transforms.track_scales")
+_raw_statistics = track_scales_module._raw_statistics
+_raw_statistics_kernel = track_scales_module._raw_statistics_kernel
+_NATIVE = track_scales_module._NATIVE
+_KERNELS = track_scales_module._KERNELS
+
+
+def _defined(t: Tensor) -> Metrics.Data:
+    """The documented meaning of each field, computed directly in float64."""
+    x = t.detach().double().reshape(-1)
+    n = x.numel()
+    if n == 0:
+        return Metrics.Data(0.0, 0.0, 0.0, 0.0, 0.0, 0)
+    a = x.abs()
+    finite = x[torch.isfinite(x)]
+    if finite.numel():
+        mean_abs = finite.abs().mean().item()
+        abs_mean = finite.mean().abs().item()
+        std = finite.std().item() if finite.numel() > 1 else 0.0
+    else:
+        mean_abs = abs_mean = std = math.nan if x.isnan().any() else math.inf
+    not_nan = a[~a.isnan()]
+    e4, e5 = torch.finfo(torch.float8_e4m3fn), torch.finfo(torch.float8_e5m2)
+    nonzero = a > 0
+    return Metrics.Data(
+        mean_abs,
+        abs_mean,
+        std,
+        not_nan.max().item() if not_nan.numel() else 0.0,
+        not_nan.min().item() if not_nan.numel() else math.inf,
+        n,
+        (a > e4.max).sum().item() / n,
+        (nonzero & (a <= e4.smallest_normal * 2**-3 / 2)).sum().item() / n,
+        (a > e5.max).sum().item() / n,
+        (nonzero & (a <= e5.smallest_normal * 2**-2 / 2)).sum().item() / n,
+    )
+
+
+def _close(a: Metrics.Data, b: Metrics.Data, rel: float = 1e-5) -> None:
+    # A mean near 0 is known to within rounding of the elements it sums.
+    mean_tolerance = rel * b.mean_abs if math.isfinite(b.mean_abs) else 0.0
+    for field, x, y in zip(
+        Metrics.names(),
+        dataclasses.astuple(a),
+        dataclasses.astuple(b),
+        strict=True,
+    ):
+        if math.isnan(y):
+            assert math.isnan(x), field
+        else:
+            tolerance = mean_tolerance if field == "abs_mean" else 1e-12
+            assert x == pytest.approx(y, rel=rel, abs=tolerance), (field, x, y)
+
+
+def _special(n: int) -> Tensor:
+    """Normal values with zeros, infinities, NaN, FP8 overflow and underflow."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)) * 30
+    specials = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e5, -600.0, 2**-12, 1e-7]
+    x[:: max(n // len(specials), 1)][: len(specials)] = torch.tensor(
+        specials[: min(len(specials), n)]
+    )
+    return x
+
+
+_TENSORS = {
+    "normal": lambda: torch.randn(3001, generator=torch.Generator().manual_seed(1)),
+    "special": lambda: _special(5000),
+    "large (parallel, several blocks)": lambda: _special(200_003),
+    "all nan": lambda: torch.full((17,), math.nan),
+    "all inf": lambda: torch.tensor([math.inf, -math.inf, math.inf]),
+    "inf and nan only": lambda: torch.tensor([math.inf, math.nan]),
+    "zeros": lambda: torch.zeros(40),
+    "one element": lambda: torch.tensor([-3.5]),
+    "scalar": lambda: torch.tensor(2.0),
+    "empty": lambda: torch.zeros(0, 4),
+    "mean far from zero": lambda: 1e4 + 1e-2 * torch.randn(10_000),
+    "first element an outlier": lambda: torch.cat(
+        [torch.tensor([1e6]), torch.randn(10_000)]
+    ),
+    "float16": lambda: _special(1000).half(),
+    "bfloat16": lambda: _special(1000).bfloat16(),
+    "float64": lambda: _special(1000).double() * 1e100,
+    "permuted": lambda: _special(6 * 7 * 40).reshape(6, 7, 40).permute(2, 0, 1),
+    "sliced rows": lambda: _special(8 * 3 * 64).reshape(8, 3, 64)[:, 1],
+    "strided": lambda: _special(4000)[::3],
+    "broadcast": lambda: _special(50)[:, None].expand(50, 30),
+    "mask": lambda: torch.randn(64, 64).masked_fill(
+        torch.ones(64, 64).triu(1).bool(), -math.inf
+    ),
+}
+
+
+def _measure(t: Tensor) -> Metrics.Data:
+    return Metrics.Data.from_tensor(t)
+
+
+@pytest.mark.parametrize("name", list(_TENSORS))
+def test_statistics_match_their_definitions(name: str) -> None:
+    t = _TENSORS[name]()
+    _close(_measure(t), _defined(t))
+
+
+@pytest.mark.parametrize("name", list(_TENSORS))
+def test_torch_kernel_matches_the_native_kernel(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = _TENSORS[name]()
+    native = _measure(t)
+    monkeypatch.setattr(_NATIVE, "get", lambda: None)  # no C++ kernel
+    _close(_measure(t), native)
+    monkeypatch.setattr(_KERNELS, "min_numel", 1)  # compiled torch kernel
+    _close(_measure(t), native)
+
+
+def test_native_kernel_runs_on_cpu_float32() -> None:
+    if _NATIVE.get() is None:
+        pytest.skip(f"no C++ kernel here: {_NATIVE.error}")
+    calls = []
+    kernel = _NATIVE.get()
+
+    def counting(*args: object) -> None:
+        calls.append(args)
+        kernel(*args)  # type: ignore[misc]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_NATIVE, "get", lambda: counting)
+        _measure(torch.randn(100, 3).t())  # no copy needed: read in place
+        _measure(torch.randn(100).half())
+    assert len(calls) == 2
+    assert calls[0][2:5] == (1, 300, 300)
+
+
+def test_parallel_statistics_equal_serial(monkeypatch: pytest.MonkeyPatch) -> None:
+    t = _special(300_001)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    monkeypatch.setattr(track_scales_module, "_NUMEL_PER_THREAD", 1 << 30)
+    serial = _measure(t)
+    monkeypatch.setattr(track_scales_module, "_NUMEL_PER_THREAD", 1 << 12)
+    _close(_measure(t), serial, rel=1e-9)
+
+
+# --------------------------------------------------------------------------- #
+# Work is shared only between values that are provably the same.
+# --------------------------------------------------------------------------- #
+
+
+def _count_statistics(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    shapes: list[tuple[int, ...]] = []
+    measure = track_scales_module._raw_statistics
+
+    def counted(t: Tensor, *args: Any) -> Tensor:
+        shapes.append(tuple(t.shape))
+        return measure(t, *args)
+
+    monkeypatch.setattr(track_scales_module, "_raw_statistics", counted)
+    return shapes
+
+
+class _Shared(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.fc(x)
+        viewed = y.view(4, 2, 4).transpose(1, 2)  # y's only user
+        same = F.dropout(viewed, p=0.0, training=False)  # y itself
+        residual, skip = U.residual_split(same, tau=0.5)  # views of y
+        return U.residual_add(torch.relu(residual), skip, tau=0.5)
+
+
+def test_same_values_are_measured_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = track_scales(_Shared())
+    x = torch.randn(4, 8)
+    unit_backward(model(x))
+    shapes = _count_statistics(monkeypatch)
+    unit_backward(model(x))
+    graph = model.scales_graph()
+    nodes = {n.meta["clean_name"]: n.meta["metrics"] for n in _tracked_nodes(graph)}
+    for name in ("viewed", "same", "residual", "skip"):
+        assert nodes[name].fwd == nodes["y"].fwd, name
+    assert nodes["viewed"].bwd == nodes["y"].bwd  # y's only user: same gradient
+    _close(nodes["same"].bwd, nodes["y"].bwd)  # the same gradient, reordered
+    for name in ("residual", "skip"):  # gradients of their own
+        assert nodes[name].bwd != nodes["y"].bwd, name
+    # residual_add passes its gradient unchanged to both inputs
+    assert nodes["relu"].bwd == nodes["skip"].bwd == nodes["residual_add"].bwd
+    # Forward: y, relu and the add. The input and the parameters are the tensors
+    # measured in the first call, unchanged since; `same` is y itself. Backward:
+    # the 7 distinct gradients (of the add, residual, same, y, x, weight, bias).
+    assert sorted(shapes[:3]) == [(4, 4, 2), (4, 4, 2), (4, 8)]
+    assert len(shapes) == 3 + 7
+
+
+def test_changed_parameters_are_measured_again() -> None:
+    model = track_scales(_Shared())
+    x = torch.randn(4, 8)
+    model(x)
+    before = _node(model.scales_graph(), "fc.weight").meta["metrics"].fwd
+    with torch.no_grad():
+        model.fc.weight.mul_(3)  # in place: a new version of the same tensor
+    model(x)
+    after = _node(model.scales_graph(), "fc.weight").meta["metrics"].fwd
+    assert after.mean_abs == pytest.approx(3 * before.mean_abs, rel=1e-6)
+
+
+def test_reused_memory_is_measured_again() -> None:
+    tracking = track_scales_module._TrackingPass()
+    first = tracking._measure(torch.ones(1000))
+    second = tracking._measure(torch.full((1000,), 2.0))  # may reuse memory
+    assert first[0] is not second[0]
+    assert track_scales_module._finalize(second[0].tolist(), 1000).mean_abs == 2.0
+
+
+def test_inference_tensors_are_measured() -> None:
+    model = track_scales(_Shared())
+    with torch.inference_mode():
+        model(torch.randn(4, 8))
+    assert _tracked_nodes(model.scales_graph())
+
+
+def test_nodes_without_recorded_values_are_checked_at_run_time() -> None:
+    def add_untyped_node(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        output = next(iter(gm.graph.find_nodes(op="output")))
+        value = output.args[0][0]
+        with gm.graph.inserting_before(output):
+            neg = gm.graph.call_function(torch.neg, (value,))  # no example_value
+            count = gm.graph.call_method("size", (neg, 0))
+            gm.graph.call_function(operator.add, (neg, count))
+        output.args = ((neg,),)
+        gm.graph.eliminate_dead_code()
+        return gm
+
+    model = track_scales(apply_transform(nn.Linear(4, 4), "untyped", add_untyped_node))
+    model(torch.randn(2, 4)).sum().backward()
+    [neg] = [n for n in model.scales_graph().nodes if n.target is torch.neg]
+    assert neg.meta["outputs_float_tensor"]
+    assert neg.meta["metrics"].fwd.numel == 8 and neg.meta["metrics"].bwd is not None
+
+
+# --------------------------------------------------------------------------- #
+# Regressions: models that crashed under track_scales.
+# --------------------------------------------------------------------------- #
+
+
+class _VmapEmpty(nn.Module):
+    """A vmap over samples holding no elements, as a state-space model's
+    associative scan has at its last level."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+
+    def forward(self, x: Tensor) -> Tensor:
+        empty = torch.vmap(lambda row: (row * 2).reshape(-1))(x[:, :0])
+        scaled = torch.vmap(lambda row: row * row.sum())(self.fc(x))
+        return scaled.sum() + empty.sum()
+
+
+def test_values_inside_vmap_are_not_tracked() -> None:
+    model = track_scales(_VmapEmpty())
+    model(torch.randn(3, 6)).backward()
+    graph = model.scales_graph()
+    batched = [n for n in graph.nodes if "_add_batch_dim" in str(n.target)]
+    assert batched and not any("metrics" in n.meta for n in batched)
+    assert not any(n.meta["outputs_float_tensor"] for n in batched)
+    assert _node(graph, "x").meta["metrics"].bwd is not None
+    for node in _tracked_nodes(graph):
+        for data in (node.meta["metrics"].fwd, node.meta["metrics"].bwd):
+            assert data is None or not math.isnan(data.mean_abs), node.name
+
+
+class _SetsRequiresGrad(nn.Module):
+    """Sets requires_grad on a tensor computed from its input alone, as
+    Hugging Face's audio feature encoders do in training mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(1, 4, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        hidden = x[:, None]
+        if self.training:
+            hidden.requires_grad = True
+        return self.conv(hidden)
+
+
+def test_model_setting_requires_grad_on_its_input_runs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = track_scales(_SetsRequiresGrad())
+    x = torch.randn(2, 16)
+    model(x).sum().backward()
+    assert "inputs as given" in caplog.text
+    assert not x.requires_grad  # the input was left as given...
+    graph = model.scales_graph()
+    conv = _node(graph, "conv.weight").meta["metrics"]
+    assert conv.bwd is not None  # ...and everything else is tracked
+    caplog.clear()
+    model(torch.randn(2, 16)).sum().backward()  # later calls: no retry
+    assert "inputs as given" not in caplog.text
+    model.eval()
+    x = torch.randn(2, 16)
+    model(x)
+    assert not x.requires_grad
+
+
+def test_input_gradient_fallback_survives_a_copy() -> None:
+    model = track_scales(_SetsRequiresGrad())
+    model(torch.randn(2, 16))
+    copied = copy.deepcopy(model)
+    copied(torch.randn(2, 16)).sum().backward()
+    assert _tracked_nodes(copied.scales_graph())
+
+
+def test_other_errors_are_not_retried() -> None:
+    class Fails(nn.Module):
+        def forward(self, x: Tensor) -> Tensor:
+            raise RuntimeError("something else")
+
+    with pytest.raises(RuntimeError, match="something else"):
+        track_scales(Fails())(torch.randn(2))
+
+
+def _hf_small(name: str) -> tuple[nn.Module, dict[str, Tensor]]:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    special = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    audio = {
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+        "conv_dim": (16, 16),
+        "conv_stride": (5, 2),
+        "conv_kernel": (10, 3),
+        "num_conv_pos_embeddings": 16,
+        "num_conv_pos_embedding_groups": 4,
+        "vocab_size": 32,
+    }
+    seq2seq = {
+        "d_model": 64,
+        "encoder_layers": 2,
+        "decoder_layers": 2,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 128,
+        "decoder_ffn_dim": 128,
+        "vocab_size": 128,
+        "decoder_start_token_id": 1,
+        **special,
+    }
+    ids = torch.randint(3, 128, (2, 8))
+    if name == "mamba":
+        config = transformers.MambaConfig(
+            vocab_size=128, hidden_size=64, num_hidden_layers=2, state_size=8
+        )
+        return transformers.MambaModel(config), {"input_ids": ids}
+    if name == "whisper":
+        config = transformers.WhisperConfig(
+            num_mel_bins=16,
+            max_source_positions=16,
+            max_target_positions=32,
+            **seq2seq,
+        )
+        inputs = {"input_features": torch.randn(2, 16, 32), "decoder_input_ids": ids}
+        return transformers.WhisperModel(config), inputs
+    if name == "speech2text":
+        config = transformers.Speech2TextConfig(
+            input_feat_per_channel=16,
+            conv_channels=32,
+            max_source_positions=64,
+            max_target_positions=32,
+            **seq2seq,
+        )
+        inputs = {"input_features": torch.randn(2, 32, 16), "decoder_input_ids": ids}
+        return transformers.Speech2TextModel(config), inputs
+    config_class, model_class = {
+        "wav2vec2": (transformers.Wav2Vec2Config, transformers.Wav2Vec2Model),
+        "hubert": (transformers.HubertConfig, transformers.HubertModel),
+    }[name]
+    model = model_class(config_class(**audio)).train()
+    return model, {"input_values": torch.randn(2, 400)}
+
+
+@pytest.mark.parametrize(
+    "name", ["mamba", "whisper", "wav2vec2", "hubert", "speech2text"]
+)
+@pytest.mark.parametrize("unit_scaled", [False, True], ids=["plain", "unit_scale"])
+def test_hugging_face_models_are_tracked(name: str, unit_scaled: bool) -> None:
+    model, inputs = _hf_small(name)
+    model = track_scales(unit_scale(model) if unit_scaled else model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        output = model(**inputs)
+    output.last_hidden_state.float().pow(2).mean().backward()
+    nodes = _tracked_nodes(model.scales_graph())
+    assert len(nodes) > 20
+    assert sum(n.meta["metrics"].bwd is not None for n in nodes) > 10
+
+
+def test_pruned_graphs_keep_the_output_metadata(views_graph: Graph) -> None:
+    for pruned in (
+        prune_non_float_tensors(views_graph),
+        prune_same_scale_tensors(views_graph),
+        prune_selected_nodes(views_graph, [F.gelu]),
+    ):
+        [output] = pruned.find_nodes(op="output")
+        assert output.meta["clean_name"] == "output"
