@@ -255,10 +255,14 @@ def test_replace_function(caplog: pytest.LogCaptureFixture) -> None:
     assert any(r.getMessage().startswith("replacing function:") for r in caplog.records)
 
 
-def test_without_replace_hand_written_gelu_is_not_gelu() -> None:
+def test_without_replace_hand_written_gelu_is_recognised() -> None:
+    # No replace=: the tanh formula is recognised numerically as GELU (within the
+    # approximation's error), and the report says so.
     model = unit_scale(GeluMLP())
     x = torch.randn(8, 16)
-    assert not torch.allclose(model(x), _gelu_mlp_reference(model, x), atol=1e-3)
+    out = model(x)
+    torch.testing.assert_close(out, _gelu_mlp_reference(model, x), atol=2e-3, rtol=0)
+    assert any("gelu" in r.op for r in model.unit_scale_report().ops)
 
 
 def test_replace_module_class(caplog: pytest.LogCaptureFixture) -> None:
@@ -274,10 +278,10 @@ def test_replace_module_class(caplog: pytest.LogCaptureFixture) -> None:
 def test_replace_is_per_call() -> None:
     # The replacement applies to the returned module only.
     plain = GeluMLP()
-    replaced = unit_scale(plain, replace={hand_written_gelu: U.gelu})
+    replaced = unit_scale(plain, replace={hand_written_gelu: U.silu})
     x = torch.randn(8, 16)
-    assert not torch.allclose(plain(x), replaced(x), atol=1e-3)
-    assert not torch.allclose(unit_scale(plain)(x), replaced(x), atol=1e-3)
+    assert not torch.allclose(plain(x), replaced(x), atol=1e-2)
+    assert not torch.allclose(unit_scale(plain)(x), replaced(x), atol=1e-2)
 
 
 def test_replace_unknown_target_reported(caplog: pytest.LogCaptureFixture) -> None:

@@ -204,6 +204,7 @@ def unconstrain_consistently(graph: Graph, values: GraphValues) -> int:
         ratios = rule(node, values)
         if ratios is None:
             continue
+        logger.info("unconstraining node: %s", node)
         set_argument(node, "constraint", None)
         for source, ratio in ratios.items():
             rho[(node, source)] = ratio

@@ -262,15 +262,16 @@ def compensate_parameters(
     parameters: list[Node],
     corrections: dict[Node, float],
     ancestors: dict[Node, int],
+    position: dict[Node, int],
 ) -> dict[Node, float]:
     """Keep every parameter's gradient the true one (up to its own factor)
     after cut-vertex corrections: a parameter used on both sides of a corrected
     cut vertex (a tied embedding) has the gradient of each use rescaled back.
-    Returns the factor each parameter's gradient carries."""
-    position = {n: i for i, n in enumerate(graph.nodes)}
+    Returns the factor each parameter's gradient carries. ``position`` holds the
+    graph positions ``ancestors`` was computed with."""
     carried: dict[Node, float] = {}
     for param in parameters:
-        uses = [u for u in param.users]
+        uses = [u for u in param.users if u in position]
         factors = {
             u: downstream_factor(corrections, ancestors, position[u]) for u in uses
         }

@@ -28,7 +28,7 @@ from .. import functional as U
 from ._regions import Region, subgraph
 from ._values import GraphValues, Kind
 
-__all__ = ["Recognised", "recognise", "replace_region"]
+__all__ = ["Recognised", "recognise", "recognise_within", "replace_region"]
 
 # How close a region must be to a candidate to count as computing it.
 _RTOL, _ATOL = 1e-4, 1e-5
@@ -163,6 +163,38 @@ def recognise(
         for name, target, args, kwargs, candidate in _norms(x, params, eps):
             if matches(candidate):
                 return Recognised(name, x_node, target, args, kwargs)
+    return None
+
+
+def recognise_within(
+    root: GraphModule, region: Region, values: GraphValues
+) -> tuple[Region, Recognised] | None:
+    """A part of ``region`` that computes a recognised function, when the region
+    as a whole does not: the ops some node ``y`` depends on inside the region,
+    if only ``y`` is used by the rest (a normalisation whose output feeds ops no
+    rule covers, such as a mixture-of-experts dispatch). The largest such part
+    is returned, with what it computes."""
+    inside = set(region.nodes)
+    order = {n: i for i, n in enumerate(region.nodes)}
+    for y in reversed(region.nodes[:-1]):  # (the whole region was tried)
+        info = values.tensor(y)
+        if info is None or not info.shape or values.kind(y) is not Kind.DATA:
+            continue
+        part: set[Node] = set()
+        stack = [y]
+        while stack:
+            node = stack.pop()
+            if node not in part:
+                part.add(node)
+                stack.extend(p for p in node.all_input_nodes if p in inside)
+        if len(part) < 2:
+            continue
+        sub = Region(sorted(part, key=order.__getitem__))
+        if sub.outputs != [y]:
+            continue
+        found = recognise(root, sub, values)
+        if found is not None:
+            return sub, found
     return None
 
 

@@ -200,7 +200,11 @@ class _Recorder(Interpreter):
         result = super().run_node(n)
         self.values.infos[n] = _info(result)
         if self.values.kinds[n] is not Kind.DATA:
-            self.values.constants[n] = result
+            # Detached: the same memory (a parameter re-initialised later shows
+            # its new values) without a no-grad view's autograd history.
+            self.values.constants[n] = pytree.tree_map(
+                lambda x: x.detach() if isinstance(x, Tensor) else x, result
+            )
         return result
 
 

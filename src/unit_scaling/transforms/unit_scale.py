@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.fx import Graph, GraphModule, Node
 from torch.utils import _pytree as pytree
@@ -39,7 +40,7 @@ from ._gradients import (
     rounded,
     scale_gradient,
 )
-from ._graph import all_ancestors, have_common_ancestor, is_add, retarget
+from ._graph import have_common_ancestor, is_add, retarget
 from ._inplace import functionalize_inplace
 from ._library import (
     opaque_library_functions,
@@ -53,13 +54,13 @@ from ._params import (
     unit_init_layers,
 )
 from ._patterns import rewrite_patterns
-from ._recognise import recognise, replace_region
+from ._recognise import recognise, recognise_within, replace_region
 from ._regions import (
-    UNIT_TOLERANCE,
     Region,
     apply_output_scales,
     calibrate,
     find_regions,
+    is_rearrangement,
 )
 from ._report import OpRecord, ParameterRecord, UnitScaleReport
 from ._residuals import find_residuals, rewrite_residual
@@ -155,6 +156,8 @@ def _replace_with_unit_scaled(
         target = rule_for(node)
         if target is None or target in ELEMENTWISE or not values.is_data(node):
             continue  # constants (masks, rotary tables) keep their plain ops
+        if target in _AVERAGING and not _zero_mean(node.args[0] if node.args else None):
+            continue  # calibrated with its input's producer instead (see _AVERAGING)
         logger.info("unit scaling function: %s", node)
         _record(report, node, "analytic")
         original = node.target
@@ -164,6 +167,49 @@ def _replace_with_unit_scaled(
             retarget(node, target)
         if target is U.scaled_dot_product_attention:
             _unit_attention_temperature(node, values)
+
+
+# Pools, whose rules assume a zero-mean unit-normal input: an average of K values
+# keeps their mean and shrinks the rest by K^-1/2, so the rule's K^1/2 would blow
+# up the mean of, say, ReLU outputs (a global average pool after a ReLU: 8x at
+# 8x8), and a maximum's scale depends on the distribution it takes the maximum
+# of. Fed by anything but an op that keeps the mean at zero, a pool is left to
+# calibration, which runs its producer in front of it.
+_AVERAGING = frozenset(
+    getattr(U, f"{kind}_pool{dims}d")
+    for kind in ("avg", "adaptive_avg", "max", "adaptive_max")
+    for dims in (1, 2, 3)
+    if hasattr(U, f"{kind}_pool{dims}d")
+)
+# Torch ops (as traced) whose output keeps a zero mean for zero-mean inputs.
+_ZERO_MEAN = frozenset(
+    {
+        F.linear,
+        F.conv1d,
+        F.conv2d,
+        F.conv3d,
+        F.layer_norm,
+        F.group_norm,
+        F.batch_norm,
+        F.instance_norm,
+        F.embedding,
+        torch.matmul,
+        operator.matmul,
+        operator.add,
+        operator.sub,
+        torch.add,
+    }
+)
+
+
+def _zero_mean(node: Any) -> bool:
+    """Whether ``node`` is made by an op that keeps a zero mean (a projection, a
+    normalisation, a sum), looking through rearrangements."""
+    while isinstance(node, Node) and is_rearrangement(node) and node.args:
+        node = node.args[0]
+    return isinstance(node, Node) and (
+        node.op == "placeholder" or node.target in _ZERO_MEAN or node.target in _OURS
+    )
 
 
 def _unit_attention_temperature(node: Node, values: GraphValues) -> None:
@@ -220,6 +266,17 @@ _SHAPING = frozenset({U.softmax, U.relu, U.gelu, U.silu, U.sigmoid, U.silu_glu})
 
 def _shapes_output(node: Node) -> bool:
     return node.op == "call_function" and node.target in _SHAPING
+
+
+def _zero_padding(node: Node) -> bool:
+    """``F.pad`` with zeros: a border around the data, like a convolution's own
+    padding, which unit scaling does not count (calibrating it would count the
+    zeros, and scale the data up by as much as the border is wide)."""
+    if node.target not in (F.pad, torch.constant_pad_nd):
+        return False
+    mode = node.kwargs.get("mode", node.args[2] if len(node.args) > 2 else "constant")
+    value = node.kwargs.get("value", node.args[3] if len(node.args) > 3 else None)
+    return mode == "constant" and not value
 
 
 # Products no rule covers; like any op with a weight, each is calibrated alone.
@@ -281,6 +338,8 @@ def _calibrate_regions(
     def covered(node: Node) -> bool:
         if node in frozen or node.op != "call_function":
             return node in frozen
+        if _zero_padding(node):
+            return True  # keeps its input's scale (borders are not data)
         if node.target is operator.getitem and isinstance(node.args[0], Node):
             return covered(node.args[0])  # an output of U.residual_split, say
         return node.target in _OURS
@@ -310,7 +369,9 @@ def _calibrate_regions(
         )
         found = recognise(gm, region, values)
         if found is not None:
+            replaced = region.outputs[0]
             new = replace_region(graph, region, found)
+            values.record_like(new, replaced)
             logger.info("recognised %s as %s: %s", op, found.name, new)
             report.ops.append(
                 OpRecord(
@@ -318,6 +379,33 @@ def _calibrate_regions(
                 )
             )
             continue
+        part = recognise_within(gm, region, values)
+        if part is not None:  # recognise that part; calibrate the rest
+            sub, found = part
+            sub_names = sub.op_names()
+            replaced = sub.outputs[0]
+            where = module_path(replaced)
+            new = replace_region(graph, sub, found)
+            values.record_like(new, replaced)  # what the rest sees
+            done = set(sub.nodes)
+            logger.info("recognised %s as %s: %s", "+".join(sub_names), found.name, new)
+            report.ops.append(
+                OpRecord(
+                    found.name,
+                    "analytic",
+                    where,
+                    f"recognised: {'+'.join(sub_names)}",
+                )
+            )
+            region.nodes = [n for n in region.nodes if n not in done]
+            if not region.nodes or region.rearranges_only:
+                continue
+            value_ops = [n for n in region.nodes if values.kind(n) is Kind.DATA]
+            anchor = value_ops[-1] if value_ops else region.nodes[-1]
+            names = region.op_names()
+            op = "+".join(
+                names if len(names) <= 4 else [*names[:3], f"{len(names) - 3} more"]
+            )
         result = calibrate(gm, region, values, _shapes_output)
         if isinstance(result, str):
             region.skipped = result
@@ -336,34 +424,19 @@ def _calibrate_regions(
     return regions
 
 
-def _unconstrain(graph: Graph, regions: list[Region], inputs: set[Node]) -> None:
-    """Ops whose gradient scales need not keep the true gradient get independent
-    ones (``constraint=None``; for calibrated regions, a ``scale_bwd`` on each
-    activation input): every op after the last residual add, and every op fed
-    directly by the model's own ``inputs`` (whose gradients feed nothing)."""
-    residual_adds = [n for n in graph.nodes if n.target is U.residual_add]
-    before = all_ancestors(residual_adds)
+def _unconstrain_inputs(graph: Graph, inputs: set[Node]) -> None:
+    """An op that alone reads the model's own ``inputs`` gets independent
+    gradient scales (``constraint=None``): those gradients feed nothing else, so
+    their scale is free. (Every other op's gradient scales are set consistently
+    by ``_consistency``; an input that several ops read keeps the true gradient,
+    since its gradient is their sum.)"""
     for node in list(graph.nodes):
-        if node.op != "call_function":
+        if node.op != "call_function" or node.target not in CONSTRAINED:
             continue
-        fed = any(a in inputs for a in node.all_input_nodes)
-        if (node not in before or fed) and node.target in CONSTRAINED:
+        read = [a for a in node.all_input_nodes if a in inputs]
+        if read and all(len(a.users) == 1 for a in read):
             logger.info("unconstraining node: %s", node)
             set_argument(node, "constraint", None)
-    for region in regions:
-        calibration = region.calibration
-        if calibration is None or any(n in before for n in region.nodes):
-            continue
-        inside = set(region.nodes)
-        for source, rms in calibration.input_grad_rms.items():
-            if rms == 0 or 1 / UNIT_TOLERANCE <= rms <= UNIT_TOLERANCE:
-                continue
-            with graph.inserting_after(source):
-                scaled = graph.call_function(scale_bwd, (source, 1 / rms))
-            for user in list(source.users):
-                if user in inside:
-                    user.replace_input_with(source, scaled)
-            logger.info("unconstraining node: %s (gradient x%.4g)", source, 1 / rms)
 
 
 # --------------------------------------------------------------------------- #
@@ -412,7 +485,13 @@ class _UnitScalingPass(CapturePass):
         cuts, ancestors = cut_vertices(graph, values)
         # Only where an op with a rule or a calibrated region hands over a tensor:
         # inside a region, a correction would fight the region's own scale.
-        cuts = [n for n in cuts if n.op == "call_function" and n.target in _OURS]
+        cuts = [
+            n
+            for n in cuts
+            if n.op == "call_function"
+            and n.target in _OURS
+            and n.target is not scale_bwd
+        ]
         measured = calibrate_gradients(gm, context, values, cuts)
         if isinstance(measured, str):
             logger.info("cannot calibrate gradients: %s", measured)
@@ -437,7 +516,9 @@ class _UnitScalingPass(CapturePass):
             self.report.ops.append(
                 OpRecord("gradient", "calibrated", module_path(vertex), f"x{factor:g}")
             )
-        carried = compensate_parameters(graph, list(readable), corrections, ancestors)
+        carried = compensate_parameters(
+            graph, list(readable), corrections, ancestors, position
+        )
         for node in new:
             factor = 1.0
             rms = measured.parameters.get(node)
@@ -533,7 +614,7 @@ class _UnitScalingPass(CapturePass):
             _record(report, residual.root, "residual", f"tau={residual.tau}")
         _unit_scale_adds(graph, values, report)
         readable = self._initialise_parameters(graph, values, context)
-        regions = _calibrate_regions(gm, values, report, frozen)
+        _calibrate_regions(gm, values, report, frozen)
         placeholders = zip(
             graph.find_nodes(op="placeholder"), context.example_inputs, strict=False
         )
@@ -543,7 +624,7 @@ class _UnitScalingPass(CapturePass):
             if id(value) in context.call_inputs and values.is_data(node)
         }
         unconstrain_consistently(graph, values)
-        _unconstrain(graph, regions, model_inputs)
+        _unconstrain_inputs(graph, model_inputs)
         scale_direct_parameter_gradients(graph, values)
         self._calibrate_gradients(gm, values, context, readable)
         left = [r for r in report.ops[before:] if r.how == "left as is"]

@@ -61,9 +61,12 @@ def seq2seq_inputs(seed: int, variant: int) -> Inputs:
     }
 
 
-def image_inputs(seed: int, variant: int) -> Inputs:
-    """Unit-normal RGB ``pixel_values``, as a Hugging Face vision model takes them."""
-    batch, side = IMAGES[variant]
+def image_inputs(
+    seed: int, variant: int, sizes: tuple[tuple[int, int], ...] = IMAGES
+) -> Inputs:
+    """Unit-normal RGB ``pixel_values``, as a Hugging Face vision model takes them
+    (``sizes``: ``(batch, side)`` of each variant)."""
+    batch, side = sizes[variant]
     pixels = torch.randn(batch, 3, side, side, generator=generator(seed))
     return (), {"pixel_values": pixels}
 

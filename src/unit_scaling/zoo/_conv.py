@@ -88,6 +88,9 @@ MODELS = (
     _conv(
         name="mobilenet-v2",
         build=_mobilenet_v2,
+        # It downsamples 32x: at 32 pixels its last batch norms would normalise
+        # two values per channel.
+        inputs=functools.partial(image_inputs, sizes=((2, 96), (3, 128))),
         features=(
             "depthwise-conv",
             "batch-norm",
