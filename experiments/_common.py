@@ -152,8 +152,12 @@ def train(
 
 
 def _one_thread(fn: Callable[[T], R], task: T) -> R:
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    return fn(task)
+    try:
+        return fn(task)
+    finally:  # (in-process runs must leave the caller's setting alone)
+        torch.set_num_threads(threads)
 
 
 def _indexed(args: tuple[Callable[[Any], Any], int, Any]) -> tuple[int, Any]:

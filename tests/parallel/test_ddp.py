@@ -70,8 +70,10 @@ def test_gradients_match_with_the_unit_scaled_hook(runs: Any) -> None:
     reference, ranks = runs
     for rank in ranks:
         for name, grad in reference["grads"].items():
+            # (Kernels and all-reduce sum in different orders in the workers and
+            # in the test process: up to ~4e-5 relative on a few elements.)
             torch.testing.assert_close(
-                rank["hook"]["grads"][name], grad, rtol=1e-5, atol=1e-6
+                rank["hook"]["grads"][name], grad, rtol=1e-4, atol=1e-5
             )
 
 
@@ -80,7 +82,7 @@ def test_torch_mean_reduction_is_sqrt_world_size_too_small(runs: Any) -> None:
     reference, ranks = runs
     for name, grad in reference["grads"].items():
         mean = ranks[0]["mean"]["grads"][name]
-        torch.testing.assert_close(mean * math.sqrt(2), grad, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(mean * math.sqrt(2), grad, rtol=1e-4, atol=1e-5)
     # Adam does not see a constant gradient scale, so its losses still match.
     assert ranks[0]["mean"]["losses"] == pytest.approx(reference["losses"], rel=1e-5)
 

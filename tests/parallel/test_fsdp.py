@@ -157,7 +157,7 @@ def test_training_matches_a_single_process_run(runs: Any, variant: str) -> None:
         assert rank[variant]["losses"] == pytest.approx(reference["losses"], rel=1e-5)
         for name, grad in reference["grads"].items():
             torch.testing.assert_close(
-                rank[variant]["grads"][name], grad, rtol=1e-5, atol=1e-6
+                rank[variant]["grads"][name], grad, rtol=1e-4, atol=1e-5
             )
 
 
