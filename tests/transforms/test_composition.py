@@ -4,6 +4,7 @@ trained and moved."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import logging
 import pickle
@@ -14,7 +15,13 @@ from torch import Tensor, nn
 
 import unit_scaling.functional as U
 from tests.transforms.models import CASES, MLP, unit_backward
-from unit_scaling.transforms import simulate_fp8, track_scales, unit_scale
+from unit_scaling.transforms import compile, simulate_fp8, track_scales, unit_scale
+from unit_scaling.transforms._engine import (
+    Place,
+    Transform,
+    apply_transform,
+    transform_state,
+)
 
 NANOGPT = CASES["nanogpt"]
 
@@ -189,3 +196,58 @@ def test_train_eval_and_dtype_switches() -> None:
     model.double()
     assert model(x.double()).dtype == torch.float64
     torch.testing.assert_close(model(x.double()).float(), expected)
+
+
+# --------------------------------------------------------------------------- #
+# The engine: places, frozen configuration, run-time state.
+# --------------------------------------------------------------------------- #
+
+
+def test_chain_is_ordered_by_place_not_by_name() -> None:
+    # A transform of our own, named like none of ours, placed to observe.
+    seen: list[str] = []
+
+    def observe(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        seen.append("observe")
+        return gm
+
+    observer = Transform(name="zzz", place=Place.OBSERVE, graph_pass=observe)
+    model = unit_scale(apply_transform(nn.Linear(4, 4), observer))
+    config = transform_state(model).config  # type: ignore[union-attr]
+    assert [t.place for t in config.transforms] == [Place.REWRITE, Place.OBSERVE]
+    model(torch.randn(2, 4))
+    assert seen == ["observe"]
+
+
+def test_transform_configuration_is_frozen() -> None:
+    transform = Transform(name="x")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        transform.name = "y"  # type: ignore[misc]
+
+
+def test_executor_after_eager_transform_is_an_error() -> None:
+    with pytest.raises(ValueError, match="cannot follow track_scales"):
+        compile(track_scales(nn.Linear(4, 4)))
+
+
+def test_copies_start_with_fresh_run_state() -> None:
+    model = unit_scale(nn.Linear(4, 4))
+    model(torch.randn(2, 4))
+    state = transform_state(model)
+    assert state is not None and state.captures
+    copied = copy.deepcopy(model)
+    copied_state = transform_state(copied)
+    assert copied_state is not None and copied_state is not state
+    assert not copied_state.captures and copied_state.config is state.config
+    torch.testing.assert_close(copied(torch.ones(2, 4)), model(torch.ones(2, 4)))
+
+
+def test_stacked_transform_keeps_what_unit_scale_initialised() -> None:
+    # The weights unit_scale initialised are not initialised again when a
+    # later transform captures afresh.
+    scaled = unit_scale(nn.Linear(8, 8))
+    scaled(torch.randn(2, 8))
+    weight = scaled.weight.detach().clone()
+    tracked = track_scales(scaled)
+    tracked(torch.randn(2, 8))
+    torch.testing.assert_close(tracked.weight, weight)

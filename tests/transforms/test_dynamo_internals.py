@@ -167,7 +167,7 @@ def test_recompile_limit_config_exists() -> None:
 
 def test_fresh_forward_has_private_code() -> None:
     first, second = nn.Linear(2, 2), nn.Linear(2, 2)
-    a, b = _dynamo._fresh_forward(first), _dynamo._fresh_forward(second)
+    a, b = _dynamo.fresh_forward(first), _dynamo.fresh_forward(second)
     shared = nn.Linear.forward.__code__
     assert a.__code__ is not shared
     assert a.__code__ is not b.__code__
@@ -179,7 +179,7 @@ def test_torch_forward_is_a_top_frame_of_its_own() -> None:
     # torch.compile wraps functions from torch's files in a shared frame
     # (external_utils.wrap_inline); a copy filed elsewhere is compiled as is.
     assert trace_rules.check(nn.Linear.forward)
-    clone = _dynamo._fresh_forward(nn.Linear(2, 2))
+    clone = _dynamo.fresh_forward(nn.Linear(2, 2))
     assert not trace_rules.check(clone)
 
 

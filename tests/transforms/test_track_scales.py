@@ -32,7 +32,7 @@ from unit_scaling.transforms import (
     track_scales,
     unit_scale,
 )
-from unit_scaling.transforms._dynamo import apply_transform
+from unit_scaling.transforms._engine import Transform, apply_transform
 
 META_KEYS = ("clean_name", "outputs_float_tensor", "requires_grad")
 
@@ -659,7 +659,8 @@ def test_nodes_without_recorded_values_are_checked_at_run_time() -> None:
         gm.graph.eliminate_dead_code()
         return gm
 
-    model = track_scales(apply_transform(nn.Linear(4, 4), "untyped", add_untyped_node))
+    untyped = Transform(name="untyped", graph_pass=add_untyped_node)
+    model = track_scales(apply_transform(nn.Linear(4, 4), untyped))
     model(torch.randn(2, 4)).sum().backward()
     [neg] = [n for n in model.scales_graph().nodes if n.target is torch.neg]
     assert neg.meta["outputs_float_tensor"]

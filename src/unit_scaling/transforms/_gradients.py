@@ -33,7 +33,8 @@ from torch.fx import Graph, GraphModule, Node
 from torch.utils import _pytree as pytree
 
 from ..scale import scale_bwd
-from ._dynamo import CaptureContext, restore_functorch_levels
+from ._dynamo import restore_functorch_levels
+from ._engine import CaptureContext
 from ._values import GraphValues, Kind
 
 __all__ = [

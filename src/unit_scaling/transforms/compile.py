@@ -9,7 +9,7 @@ import torch._dynamo
 from torch import nn
 from torch.fx import GraphModule
 
-from ._dynamo import apply_transform, transform_state
+from ._engine import Place, Transform, apply_transform
 
 __all__ = ["compile"]
 
@@ -27,6 +27,10 @@ def compile(module: M) -> M:
     ``compile(simulate_fp8(unit_scale(model)))`` runs every graph rewrite and then
     compiles the result, in one Dynamo capture. (Plain ``torch.compile`` of a
     transformed module also works; this form avoids a second capture.)
+    It cannot follow :func:`track_scales`, which runs the model eagerly.
+
+    Raises:
+        ValueError: if ``module`` is already tracked by :func:`track_scales`.
 
     Example::
 
@@ -34,10 +38,5 @@ def compile(module: M) -> M:
         >>> model(torch.randn(2, 16)).shape
         torch.Size([2, 16])
     """
-    state = transform_state(module) if isinstance(module, nn.Module) else None
-    if state is not None and any(name == "track_scales" for name, _ in state.passes):
-        raise ValueError(
-            "compile() cannot follow track_scales(): scale tracking must be the "
-            "last transform; compile first, then track"
-        )
-    return apply_transform(module, "compile", executor=_inductor)
+    transform = Transform(name="compile", place=Place.REWRITE, executor=_inductor)
+    return apply_transform(module, transform)

@@ -14,9 +14,9 @@ from torch.fx import Graph, GraphModule, Node
 
 from .. import functional as U
 from ..formats import FP8_E4M3, FP8_E5M2, FPFormat
-from ._dynamo import GraphPass, apply_transform
+from ._engine import GraphPass, Place, Transform, apply_transform
 from ._graph import is_float_tensor_node
-from .unit_scale import UNIT_SCALED_FUNCTIONS, _order_transforms
+from .unit_scale import UNIT_SCALED_FUNCTIONS
 
 __all__ = ["simulate_format", "simulate_fp8"]
 
@@ -109,13 +109,13 @@ def simulate_format(module: M, fwd_format: FPFormat, bwd_format: FPFormat) -> M:
     for name, fmt in (("fwd_format", fwd_format), ("bwd_format", bwd_format)):
         if not isinstance(fmt, FPFormat):
             raise TypeError(f"{name} must be an FPFormat, got {type(fmt).__name__}")
-    return apply_transform(
-        module,
-        "simulate_format",
-        _quantisation_pass(fwd_format, bwd_format),
+    transform = Transform(
+        name="simulate_format",
+        place=Place.QUANTISE,
+        graph_pass=_quantisation_pass(fwd_format, bwd_format),
         non_recurse=UNIT_SCALED_FUNCTIONS,
-        order=_order_transforms,
     )
+    return apply_transform(module, transform)
 
 
 def simulate_fp8(module: M) -> M:

@@ -35,17 +35,18 @@ from .. import functional as U
 from .._kernels import CompiledKernels, NativeKernel
 from ..formats import FP8_E4M3, FP8_E5M2
 from ..scale import scale_bwd
-from ._dynamo import (
+from ._engine import (
+    Capture,
+    Place,
+    RunState,
     StatefulPass,
-    TransformState,
-    _Capture,
+    Transform,
     apply_transform,
-    bind_attribute,
     transform_state,
 )
 from ._graph import example_value
 from ._targets import calibrated_scale
-from .unit_scale import UNIT_SCALED_FUNCTIONS, _order_transforms
+from .unit_scale import UNIT_SCALED_FUNCTIONS
 
 __all__ = [
     "Metrics",
@@ -733,7 +734,7 @@ def _read_statistics(records: dict[_Key, _Record]) -> dict[_Key, Metrics.Data]:
 
 
 def _scales_graph(
-    recorder: _TrackingPass, captures: list[_Capture], all_captures: list[_Capture]
+    recorder: _TrackingPass, captures: list[Capture], all_captures: list[Capture]
 ) -> Graph:
     """One graph holding every tracked tensor of the last forward pass."""
     fwd, bwd = _read_statistics(recorder.fwd), _read_statistics(recorder.bwd)
@@ -817,7 +818,7 @@ class _InputGradFallback:
     given from then on.
     """
 
-    def __init__(self, forward: Callable[..., Any], state: TransformState) -> None:
+    def __init__(self, forward: Callable[..., Any], state: RunState) -> None:
         self._forward = forward
         self._state = state
         self.inputs_as_given = False
@@ -898,22 +899,23 @@ def track_scales(module: M) -> M:
         ['input']
     """
     previous = transform_state(module) if isinstance(module, nn.Module) else None
-    tracked = apply_transform(
-        module,
-        "track_scales",
-        _TrackingPass(),
+    if previous is not None and previous.config.executor is not None:
+        logger.info(
+            "track_scales runs the model eagerly: dropping %s",
+            previous.config.executor[0],
+        )
+    transform = Transform(
+        name="track_scales",
+        place=Place.OBSERVE,
+        graph_pass=_TrackingPass(),
+        eager=True,
         non_recurse=UNIT_SCALED_FUNCTIONS,
-        order=_order_transforms,
+        before_call=(_make_inputs_require_grad,),
+        attributes=(("scales_graph", _ScalesGraph),),
     )
+    tracked = apply_transform(module, transform)
     state = transform_state(tracked)
     assert state is not None
-    if previous is not None and previous.executor is not None:
-        logger.info(
-            "track_scales runs the model eagerly: dropping %s", previous.executor_name
-        )
-    state.executor = None
-    state.before_call.append(_make_inputs_require_grad)
-    bind_attribute(tracked, "scales_graph", _ScalesGraph)
     object.__setattr__(tracked, "forward", _InputGradFallback(tracked.forward, state))
     return tracked
 
@@ -921,7 +923,7 @@ def track_scales(module: M) -> M:
 class _ScalesGraph:
     """``module.scales_graph()``: bound to the module's own transform state."""
 
-    def __init__(self, state: TransformState) -> None:
+    def __init__(self, state: RunState) -> None:
         self._state = state
 
     def __call__(self) -> Graph:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 import operator
@@ -19,14 +20,13 @@ from torch.utils import _pytree as pytree
 from .. import functional as U
 from ..scale import scale_bwd
 from ._consistency import unconstrain_consistently
-from ._dynamo import (
+from ._dynamo import functorch_sections, is_functorch_internal
+from ._engine import (
     CaptureContext,
     CapturePass,
-    GraphPass,
+    Place,
+    Transform,
     apply_transform,
-    bind_attribute,
-    functorch_sections,
-    is_functorch_internal,
     transform_state,
 )
 from ._gradients import (
@@ -641,19 +641,6 @@ class _UnitScalingPass(CapturePass):
         return gm
 
 
-_PASS_PRIORITY = {"unit_scale": 0, "simulate_format": 1, "track_scales": 2}
-
-
-def _order_transforms(passes: list[tuple[str, GraphPass]]) -> None:
-    """Unit scaling runs before quantisation, and scale tracking runs last."""
-    names = [name for name, _ in passes]
-    passes.sort(key=lambda p: _PASS_PRIORITY.get(p[0], 1))
-    if [name for name, _ in passes] != names:
-        logger.info(
-            "reordering transforms: %s -> %s", names, [name for name, _ in passes]
-        )
-
-
 def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) -> M:
     """Return a unit-scaled copy of ``module``.
 
@@ -722,21 +709,6 @@ def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) 
     function_replacements = {
         k: v for k, v in replace.items() if k not in module_replacements
     }
-    graph_pass = _UnitScalingPass(function_replacements)
-    result = apply_transform(
-        module,
-        "unit_scale",
-        graph_pass,
-        non_recurse=(
-            *UNIT_SCALED_FUNCTIONS,
-            *function_replacements,
-            *opaque_library_functions(module),
-            *opaque_rewrite_functions(),
-        ),
-        order=_order_transforms,
-    )
-    state = transform_state(result)
-    assert state is not None
 
     def check_replacements(state: Any) -> None:
         unit_pass = state.pass_of(_UnitScalingPass)
@@ -749,8 +721,25 @@ def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) 
                 stacklevel=2,
             )
 
-    state.after_first_call.append(check_replacements)
-    state.after_call.append(_watch_output_gradient)
+    transform = Transform(
+        name="unit_scale",
+        place=Place.REWRITE,
+        graph_pass=_UnitScalingPass(function_replacements),
+        non_recurse=(
+            *UNIT_SCALED_FUNCTIONS,
+            *function_replacements,
+            *opaque_library_functions(module),
+            *opaque_rewrite_functions(),
+        ),
+        after_first_call=(check_replacements,),
+        after_call=(
+            functools.partial(_watch_output_gradient, name=type(module).__name__),
+        ),
+        attributes=(("unit_scale_report", _ReportOf),),
+    )
+    result = apply_transform(module, transform)
+    state = transform_state(result)
+    assert state is not None
     matched = rewrite_library_modules(result, module_replacements)
     for cls in module_replacements.keys() - matched:
         warnings.warn(
@@ -765,8 +754,6 @@ def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) 
         for name, p in result.named_parameters(remove_duplicate=False)
         if id(p) in done
     )
-    state.flags["module_name"] = type(module).__name__
-    bind_attribute(result, "unit_scale_report", _ReportOf)
     return result
 
 
@@ -775,7 +762,7 @@ def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) 
 OUTPUT_GRADIENT_TOLERANCE = 8.0
 
 
-def _watch_output_gradient(state: Any, output: Any) -> None:
+def _watch_output_gradient(state: Any, output: Any, name: str = "model") -> None:
     """Check, once, the gradient that reaches the model's output in the first
     backward pass: a unit-scaled model assumes it is unit-scaled too. The usual
     culprit is a loss computed outside the model: a mean-reduced cross-entropy
@@ -793,7 +780,6 @@ def _watch_output_gradient(state: Any, output: Any) -> None:
         return
     state.flags["output_gradient_watched"] = True
     handles: list[Any] = []
-    name = state.flags.get("module_name", "model")
 
     def check(grad: Tensor) -> None:
         if state.flags.get("output_gradient_checked"):

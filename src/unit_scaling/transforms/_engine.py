@@ -1,0 +1,533 @@
+"""How a transform runs: the composition engine behind every transform.
+
+A transform (``unit_scale``, ``simulate_format``, ``track_scales``, ``compile``)
+is a frozen :class:`Transform`: a graph pass, the place it takes in a chain
+(:class:`Place`), how graphs are executed, and hooks around each call. Applying
+one to a module returns a copy whose ``forward`` is a :class:`TransformedForward`
+holding the module's :class:`TransformConfig` (the frozen chain of transforms,
+ordered by place whatever order the user applied them in) and its
+:class:`RunState` (what happens at run time: captured graphs, replays, the
+passes' own state, which copies of the module start afresh).
+
+At every eager call the forward runs through TorchDynamo with our backend. For
+each graph Dynamo captures, the backend runs the passes in place order (each may
+need the real example inputs: a :class:`CapturePass` receives them in a
+:class:`CaptureContext`), then executes the graph eagerly or with the chain's
+executor. A first eager call with a given input signature also records how to
+replay its graph (``_replay``), for an outer ``torch.compile`` or a dispatch mode.
+Everything that touches Dynamo internals is in ``_dynamo``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+import inspect
+import itertools
+import logging
+import types
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias, TypeVar
+
+import torch
+from torch import Tensor, nn
+from torch.fx import GraphModule
+from torch.utils import _pytree as pytree
+
+from . import _dynamo
+from ._replay import InputSpec, Replay, input_specs, record, signature_key
+
+__all__ = [
+    "CaptureContext",
+    "CapturePass",
+    "GraphPass",
+    "Place",
+    "RunState",
+    "StatefulPass",
+    "Transform",
+    "TransformConfig",
+    "apply_transform",
+    "transform_state",
+]
+
+logger = logging.getLogger("unit_scaling.transforms")
+
+M = TypeVar("M", bound=nn.Module)
+Executor = Callable[[GraphModule, Sequence[Any]], Callable[..., Any]]
+
+_STATE_ATTR = "_unit_scaling_transforms"
+
+
+class Place(enum.IntEnum):
+    """Where a transform's pass runs in a chain, whatever the order of application:
+    first what the graph computes, then the formats it computes in, then what is
+    observed of it."""
+
+    REWRITE = 0  # unit_scale
+    QUANTISE = 1  # simulate_format
+    OBSERVE = 2  # track_scales: sees the final graph, runs it eagerly
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptureContext:
+    """What a :class:`CapturePass` sees besides the graph: the real inputs Dynamo
+    captured it with (parameters and buffers included, in placeholder order,
+    symbolic sizes as their values in this call), the module, the ids of the
+    module's buffers, and the ids of the tensors the caller passed (the model's
+    own inputs, as opposed to activations of an earlier graph)."""
+
+    example_inputs: Sequence[Any]
+    module: nn.Module
+    buffers: frozenset[int]
+    call_inputs: frozenset[int] = frozenset()
+
+
+class StatefulPass:
+    """A graph pass holding per-module state (e.g. recorded statistics).
+
+    ``fresh()`` returns the instance a copy of the module starts from.
+    """
+
+    def __call__(self, gm: GraphModule) -> GraphModule:
+        raise NotImplementedError
+
+    def fresh(self) -> StatefulPass:
+        raise NotImplementedError
+
+
+class CapturePass:
+    """A stateful graph pass that also needs the :class:`CaptureContext`."""
+
+    def __call__(self, gm: GraphModule, context: CaptureContext) -> GraphModule:
+        raise NotImplementedError
+
+    def fresh(self) -> CapturePass:
+        raise NotImplementedError
+
+
+GraphPass: TypeAlias = Callable[[GraphModule], GraphModule] | StatefulPass | CapturePass
+CallHook = Callable[[tuple[Any, ...], dict[str, Any]], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Transform:
+    """One transform's configuration (frozen: run-time state is in
+    :class:`RunState`).
+
+    Args:
+        name: shown in logs.
+        place: where its pass runs in a chain.
+        graph_pass: the pass; a :class:`StatefulPass` or :class:`CapturePass` is
+            a prototype whose ``fresh()`` copy each module gets.
+        executor: how captured graphs run (``None``: eagerly, or as before).
+        eager: graphs of a chain holding this transform run eagerly (tracking
+            observes every op); no executor may follow it.
+        non_recurse: functions Dynamo records as single calls.
+        before_call: ``hook(args, kwargs)`` before every call.
+        after_first_call: ``hook(run_state)`` after the first call.
+        after_call: ``hook(run_state, output)`` after every eager call.
+        attributes: ``(name, factory)``: module attributes built from the run
+            state, e.g. ``track_scales``' ``scales_graph``.
+    """
+
+    name: str
+    place: Place = Place.REWRITE
+    graph_pass: GraphPass | None = None
+    executor: Executor | None = None
+    eager: bool = False
+    non_recurse: tuple[Callable[..., Any], ...] = ()
+    before_call: tuple[CallHook, ...] = ()
+    after_first_call: tuple[Callable[[RunState], None], ...] = ()
+    after_call: tuple[Callable[[RunState, Any], None], ...] = ()
+    attributes: tuple[tuple[str, Callable[[RunState], Any]], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformConfig:
+    """The transforms applied to a module, in the order their passes run."""
+
+    transforms: tuple[Transform, ...] = ()
+
+    def then(self, transform: Transform) -> TransformConfig:
+        """This chain with ``transform`` added at its place.
+
+        Raises:
+            ValueError: for an executor after a transform that runs eagerly.
+        """
+        if transform.executor is not None and any(t.eager for t in self.transforms):
+            eager = next(t.name for t in self.transforms if t.eager)
+            raise ValueError(
+                f"{transform.name}() cannot follow {eager}(): {eager} runs the "
+                f"model eagerly to observe every op, so it must be applied last; "
+                f"apply {transform.name} first, then {eager}"
+            )
+        ordered = sorted((*self.transforms, transform), key=lambda t: t.place)
+        names = [t.name for t in (*self.transforms, transform)]
+        if [t.name for t in ordered] != names:
+            logger.info(
+                "reordering transforms: %s -> %s", names, [t.name for t in ordered]
+            )
+        return TransformConfig(tuple(ordered))
+
+    @property
+    def executor(self) -> tuple[str, Executor] | None:
+        """The last executor applied, unless a transform runs eagerly."""
+        if any(t.eager for t in self.transforms):
+            return None
+        executors = [(t.name, t.executor) for t in self.transforms if t.executor]
+        return executors[-1] if executors else None
+
+    @property
+    def non_recurse(self) -> tuple[Callable[..., Any], ...]:
+        return tuple(dict.fromkeys(f for t in self.transforms for f in t.non_recurse))
+
+
+@dataclasses.dataclass
+class Capture:
+    """One graph Dynamo handed to our backend, after our passes."""
+
+    graph_module: GraphModule
+    replay_inputs: list[InputSpec] | None
+    last_outputs: tuple[Any, ...] | None = None
+
+
+@dataclasses.dataclass
+class RunState:
+    """What happens at run time to one transformed module (a copy starts afresh:
+    no captures, and each stateful pass's ``fresh()`` copy)."""
+
+    config: TransformConfig
+    passes: list[tuple[str, GraphPass]]
+    captures: list[Capture] = dataclasses.field(default_factory=list)
+    calls: int = 0
+    current_call: tuple[Any, ...] | None = None
+    record_outputs: bool = False
+    graphs_run_in_call: list[Capture] = dataclasses.field(default_factory=list)
+    replays: dict[tuple[Any, ...], Replay] = dataclasses.field(default_factory=dict)
+    flags: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @staticmethod
+    def start(config: TransformConfig, previous: RunState | None = None) -> RunState:
+        """The run state of a module transformed by ``config``, reusing the
+        passes of ``previous`` (the state of the module it was copied from)."""
+        # The passes of ``previous`` by the transform they belong to (so that,
+        # say, unit_scale's record of initialised parameters carries over).
+        running: dict[int, GraphPass] = {}
+        if previous is not None:
+            with_pass = [t for t in previous.config.transforms if t.graph_pass]
+            running = {
+                id(t): p for t, (_, p) in zip(with_pass, previous.passes, strict=True)
+            }
+        passes = []
+        for transform in config.transforms:
+            if transform.graph_pass is None:
+                continue
+            source = running.get(id(transform), transform.graph_pass)
+            passes.append((transform.name, _fresh(source)))
+        return RunState(config, passes)
+
+    def pass_of(self, kind: type[Any]) -> Any:
+        """The first pass that is an instance of ``kind``, or ``None``."""
+        return next((p for _, p in self.passes if isinstance(p, kind)), None)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RunState:
+        # A copied module is transformed afresh: graphs are captured again, and
+        # each stateful pass continues from a fresh() copy of this one's.
+        new = RunState(self.config, [(n, _fresh(p)) for n, p in self.passes])
+        memo[id(self)] = new
+        return new
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a module transformed by unit_scaling cannot be pickled whole (its "
+            "forward runs through TorchDynamo): save its state_dict() and apply "
+            "the transforms again after loading"
+        )
+
+
+def _fresh(graph_pass: GraphPass) -> GraphPass:
+    if isinstance(graph_pass, (StatefulPass, CapturePass)):
+        return graph_pass.fresh()
+    return graph_pass
+
+
+def transform_state(module: nn.Module) -> RunState | None:
+    """The :class:`RunState` of a transformed module, else ``None``."""
+    state = module.__dict__.get(_STATE_ATTR)
+    return state if isinstance(state, RunState) else None
+
+
+def _run_passes(
+    state: RunState, gm: GraphModule, context: CaptureContext
+) -> GraphModule:
+    for name, graph_pass in state.passes:
+        logger.info("running %s transform", name)
+        if isinstance(graph_pass, CapturePass):
+            gm = graph_pass(gm, context)
+        else:
+            gm = graph_pass(gm)
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+_CLONES = itertools.count()
+
+
+class TransformedForward:
+    """The ``forward`` of a transformed module.
+
+    Eager calls run through Dynamo with our backend (graph breaks, guards and
+    recompilation handled by Dynamo). When an outer ``torch.compile`` traces this
+    forward, or a TorchDispatchMode is active, the graph captured at an earlier
+    eager call with the same input signature is replayed instead.
+
+    Each instance gets its own subclass with a private copy of ``__call__``'s
+    code, so that an outer ``torch.compile`` caches every transformed module
+    separately (a shared code object would hit Dynamo's recompile limit).
+    """
+
+    def __new__(cls, module: nn.Module, state: RunState) -> TransformedForward:
+        call = TransformedForward.__call__
+        code = call.__code__.replace(co_name=f"forward_{next(_CLONES)}")
+        own_call = types.FunctionType(code, call.__globals__, "__call__")
+        subclass = type(cls.__name__, (cls,), {"__call__": own_call})
+        return object.__new__(subclass)
+
+    def __init__(self, module: nn.Module, state: RunState) -> None:
+        self._module = module
+        self._state = state
+        self._original = _dynamo.fresh_forward(module)  # called with the module
+        # The frame Dynamo captures is this function's own, decorators included.
+        signature = inspect.signature(type(module).forward, follow_wrapped=False)
+        self._self_name = next(iter(signature.parameters), "self")
+        self._compiled = torch.compile(
+            self._original, backend=self._backend, dynamic=None
+        )
+        self._eager_outside_compile = torch._dynamo.disable(  # type: ignore[no-untyped-call]
+            self._eager, reason="unit_scaling transform: capture before replay"
+        )
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> TransformedForward:
+        # copy.deepcopy(module) copies the module (and its state) first.
+        module = memo[id(self._module)]
+        return TransformedForward(module, copy.deepcopy(self._state, memo))
+
+    def __reduce__(self) -> Any:
+        return self._state.__reduce__()
+
+    # -- backend: called by Dynamo once per captured (sub)graph -------------- #
+    def _backend(
+        self, gm: GraphModule, example_inputs: Sequence[Any]
+    ) -> Callable[..., Any]:
+        state = self._state
+        _dynamo.name_placeholders(gm, self._self_name)
+        replay_inputs = (
+            input_specs(self._module, state.current_call, example_inputs)
+            if state.current_call is not None
+            else None
+        )
+        context = CaptureContext(
+            [_dynamo.concrete(x) for x in example_inputs],
+            self._module,
+            frozenset(id(b) for b in self._module.buffers()),
+            frozenset(
+                id(x)
+                for x in pytree.tree_leaves(state.current_call or ())
+                if isinstance(x, Tensor)
+            ),
+        )
+        gm = _run_passes(state, gm, context)
+        capture = Capture(gm, replay_inputs)
+        state.captures.append(capture)
+        executor = state.config.executor
+        run = executor[1](gm, example_inputs) if executor else gm.forward
+
+        def execute(*args: Any) -> Any:
+            out = run(*args)
+            state.graphs_run_in_call.append(capture)
+            if state.record_outputs:
+                capture.last_outputs = tuple(out)
+            return out
+
+        return execute
+
+    # -- eager path ---------------------------------------------------------- #
+    def _before_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        for transform in self._state.config.transforms:
+            for hook in transform.before_call:
+                hook(args, kwargs)
+
+    def _eager(self, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self._original, "_torchdynamo_disable", False):
+            raise _untraceable(
+                self._module,
+                "its forward is decorated with torch._dynamo.disable "
+                "(or torch.compiler.disable), which stops TorchDynamo from tracing it",
+            )
+        state, config = self._state, self._state.config
+        self._before_call(args, kwargs)
+        state.graphs_run_in_call = []
+        state.calls += 1
+        key = signature_key(self._module, args, kwargs)
+        state.record_outputs = key not in state.replays
+        state.current_call = (args, kwargs)
+        reasons_before = _dynamo.break_reasons()
+        try:
+            with _dynamo.capturing(config.non_recurse):
+                output = self._compiled(self._module, *args, **kwargs)
+        except _dynamo.UNTRACEABLE as error:
+            raise _untraceable(self._module, str(error)) from error
+        finally:
+            state.record_outputs = False
+            state.current_call = None
+        reasons = _dynamo.break_reasons() - reasons_before
+        ran = state.graphs_run_in_call
+        if not ran:
+            detail = "; ".join(_first_line(r) for r in reasons) or (
+                "TorchDynamo ran it eagerly, e.g. after "
+                "torch._dynamo.config.recompile_limit recompilations "
+                "(see TORCH_LOGS=recompiles)"
+            )
+            raise _untraceable(self._module, detail)
+        if len(ran) > 1 or reasons:
+            _warn_graph_breaks(self._module, len(ran), reasons)
+        if key not in state.replays and len(ran) == 1:
+            try:
+                capture = ran[0]
+                replay = record(
+                    capture.graph_module,
+                    capture.replay_inputs,
+                    capture.last_outputs,
+                    args,
+                    kwargs,
+                    output,
+                )
+                if replay is not None:
+                    state.replays[key] = replay
+            except Exception as error:  # replay is an optimisation: never fail here
+                logger.info("cannot prepare replay under torch.compile: %r", error)
+        for capture in ran:
+            capture.last_outputs = None
+        for transform in config.transforms:
+            if state.calls == 1:
+                for first in transform.after_first_call:
+                    first(state)
+            for hook in transform.after_call:
+                hook(state, output)
+        return output
+
+    # -- entry point --------------------------------------------------------- #
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            replay = self._state.replays.get(signature_key(self._module, args, kwargs))
+            if replay is None:
+                # No graph captured for these inputs yet: run this call eagerly
+                # (a graph break); the capture it makes is replayed once recompiled.
+                return self._eager_outside_compile(*args, **kwargs)
+            return replay(self._module, args, kwargs)
+        if _dynamo.dispatch_mode_active():
+            return self._under_dispatch_mode(args, kwargs)
+        return self._eager(*args, **kwargs)
+
+    def _under_dispatch_mode(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Dynamo does not run under a TorchDispatchMode (FlopCounterMode, memory
+        trackers, ...): replay the captured graph instead."""
+        replay = self._state.replays.get(signature_key(self._module, args, kwargs))
+        if replay is None:
+            raise RuntimeError(
+                f"{type(self._module).__name__} is transformed by unit_scaling and "
+                "is being called under a TorchDispatchMode, where TorchDynamo "
+                "cannot capture its graph. Call it once with inputs like these "
+                "outside the mode first; later calls under the mode replay that "
+                "capture."
+            )
+        self._before_call(args, kwargs)
+        return replay(self._module, args, kwargs)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+def _untraceable(module: nn.Module, detail: str) -> RuntimeError:
+    """A readable error for code TorchDynamo could not trace or transform."""
+    return RuntimeError(
+        f"unit_scaling transforms could not trace {type(module).__name__}.forward: "
+        f"{_first_line(detail)}\nThe construct named above cannot be captured as a "
+        "graph. Make it traceable, or substitute it: pass replace={the_function: "
+        "a_traceable_equivalent} (a function, or an nn.Module subclass as key) "
+        "to unit_scale."
+    )
+
+
+def _warn_graph_breaks(module: nn.Module, graphs: int, reasons: Counter[str]) -> None:
+    summary = "; ".join(_first_line(r) for r in reasons) or "reasons not reported"
+    hint = ""
+    if "logging.Logger" in summary and type(module).__module__.startswith(
+        "transformers."
+    ):
+        # transformers logs from forward when it has to guess the loss type.
+        hint = (
+            " For a Hugging Face model, set its loss type first (e.g. model.loss_type "
+            '= "ForCausalLM") so that forward does not log.'
+        )
+    logger.warning(
+        "TorchDynamo broke the graph of %s.forward (%d graph(s) ran; %s). Every "
+        "graph is transformed, but code at a break runs untransformed, and a "
+        "residual add whose branch spans a break is treated as a plain add. To "
+        "avoid a break, make that code traceable or pass it in replace=.%s",
+        type(module).__name__,
+        graphs,
+        summary,
+        hint,
+    )
+
+
+def apply_transform(module: M, transform: Transform) -> M:
+    """Return a copy of ``module`` whose forward runs the rewritten Dynamo graph.
+
+    Composes with earlier transforms: the copy's chain is the module's chain with
+    ``transform`` added at its place (:meth:`TransformConfig.then`).
+
+    Raises:
+        TypeError: if ``module`` is not an ``nn.Module``.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"expected an nn.Module to transform, got {type(module).__name__}"
+        )
+    previous = transform_state(module)
+    config = (previous.config if previous else TransformConfig()).then(transform)
+    state = RunState.start(config, previous)
+    copied = _copy_untransformed(module, previous)
+    object.__setattr__(copied, _STATE_ATTR, state)
+    object.__setattr__(copied, "forward", TransformedForward(copied, state))
+    _bind_attributes(copied, state)
+    return copied
+
+
+def _bind_attributes(module: nn.Module, state: RunState) -> None:
+    for t in state.config.transforms:
+        for name, factory in t.attributes:
+            object.__setattr__(module, name, factory(state))
+
+
+def _copy_untransformed(module: M, state: RunState | None) -> M:
+    """A deep copy of ``module`` without any transform wrapper."""
+    attributes = (
+        [name for t in state.config.transforms for name, _ in t.attributes]
+        if state
+        else []
+    )
+    names = (_STATE_ATTR, "forward", *attributes)
+    saved = {k: module.__dict__.pop(k) for k in names if k in module.__dict__}
+    try:
+        copied = copy.deepcopy(module)
+    finally:
+        module.__dict__.update(saved)
+    return copied
