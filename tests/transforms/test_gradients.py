@@ -234,3 +234,72 @@ def test_cut_vertices_of_a_chain_and_a_diamond() -> None:
     names = [n.name for n in cuts]
     assert "a" in names and "tanh" in names
     assert "b" not in names and "c" not in names
+
+
+class Modulated(nn.Module):
+    """adaLN (DiT): shift, scale and gate from a conditioning vector, broadcast
+    over tokens, in two blocks."""
+
+    def __init__(self, width: int = 32, blocks: int = 2) -> None:
+        super().__init__()
+        self.cond = nn.Linear(8, width)
+        self.ada = nn.ModuleList(nn.Linear(width, 3 * width) for _ in range(blocks))
+        self.fc = nn.ModuleList(nn.Linear(width, width) for _ in range(blocks))
+        self.norm = nn.LayerNorm(width, elementwise_affine=False)
+
+    def forward(self, x: Tensor, c: Tensor) -> Tensor:
+        emb = F.silu(self.cond(c))
+        for ada, fc in zip(self.ada, self.fc, strict=True):
+            shift, scale, gate = ada(emb)[:, None].chunk(3, dim=-1)
+            h = self.norm(x) * (1 + scale) + shift
+            x = x + gate * fc(h)
+        return x
+
+
+def test_broadcast_conditioning_gradients_stay_unit_scaled_across_shapes() -> None:
+    # Captured (and calibrated) at 16 tokens, run at 16 and at 256: a
+    # conditioning gradient sums over tokens, so without its broadcast scale it
+    # would grow by sqrt(16) between the two.
+    torch.manual_seed(0)
+    model = unit_scale(Modulated())
+    for tokens in (16, 256):
+        model.zero_grad()
+        x, c = torch.randn(4, tokens, 32), torch.randn(4, 8)
+        model(x, c).backward(torch.randn(4, tokens, 32))
+        for name in ("cond.weight", "ada.0.weight", "ada.1.weight"):
+            grad = dict(model.named_parameters())[name].grad
+            assert grad is not None
+            assert 0.5 <= _rms(grad) <= 2, (tokens, name, _rms(grad))
+
+
+@pytest.mark.usefixtures("double")
+def test_broadcast_gradient_scales_keep_true_gradients() -> None:
+    torch.manual_seed(0)
+    model = unit_scale(Modulated())
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    c = torch.randn(2, 8, requires_grad=True)
+    _weighted_loss(model(x, c)).backward()
+    assert x.grad is not None and c.grad is not None
+    for point, grad, fn in (
+        (x, x.grad, lambda z: _weighted_loss(model(z, c.detach()))),
+        (c, c.grad, lambda z: _weighted_loss(model(x.detach(), z))),
+    ):
+        _assert_true_gradient_up_to_a_factor(fn, point.detach(), grad)
+
+
+def test_norm_statistics_are_not_broadcast_scaled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class HandNorm(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(32, 32)
+
+        def forward(self, x: Tensor) -> Tensor:
+            h = self.fc(x)
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+            return h * torch.sigmoid(h.sum(-1, keepdim=True))  # a per-row gate
+
+    caplog.set_level("INFO", logger="unit_scaling.transforms.unit_scale")
+    unit_scale(HandNorm())(torch.randn(4, 8, 32))
+    assert not any("broadcast" in r.getMessage() for r in caplog.records)

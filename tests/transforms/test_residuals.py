@@ -162,3 +162,28 @@ def test_hand_written_formula_of_a_linear_output_is_not_a_residual() -> None:
 
     model = unit_scale(Formula())
     assert _residual_logs(model, torch.randn(8, WIDTH)) == []
+
+
+class Conditioned(nn.Module):
+    """U-Net-style blocks: a timestep embedding, broadcast over pixels, added
+    in every block; after the first block the stream depends on it."""
+
+    def __init__(self, blocks: int = 3) -> None:
+        super().__init__()
+        self.time = nn.Linear(1, 8)
+        self.emb = nn.ModuleList(nn.Linear(8, 8) for _ in range(blocks))
+        self.convs = nn.ModuleList(nn.Conv2d(8, 8, 3, padding=1) for _ in range(blocks))
+
+    def forward(self, x: Tensor, t: Tensor) -> Tensor:
+        temb = self.time(t)
+        for emb, conv in zip(self.emb, self.convs, strict=True):
+            x = x + conv(x + emb(temb)[:, :, None, None])
+        return x
+
+
+def test_broadcast_embedding_is_not_a_residual_skip() -> None:
+    model = unit_scale(Conditioned())
+    logs = _residual_logs(model, torch.randn(2, 8, 6, 6), torch.randn(2, 1))
+    # One residual per block (x + conv(...)); the embedding adds are not.
+    assert len(logs) == 3, logs
+    assert all("x" in m.split(":")[1] for m in logs)

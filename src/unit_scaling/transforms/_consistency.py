@@ -38,7 +38,7 @@ from ..scale import scale_bwd
 from ._rules import get_argument, set_argument
 from ._values import GraphValues, Kind
 
-__all__ = ["unconstrain_consistently"]
+__all__ = ["scale_broadcast_gradients", "unconstrain_consistently"]
 
 logger = logging.getLogger("unit_scaling.transforms.unit_scale")
 
@@ -232,6 +232,88 @@ def unconstrain_consistently(graph: Graph, values: GraphValues) -> int:
     return equalised
 
 
+# Elementwise ops whose gradient for a broadcast operand is a plain sum over the
+# elements it was broadcast to.
+_BROADCASTING = frozenset(
+    {operator.mul, operator.add, operator.sub, torch.mul, torch.add, torch.sub}
+    | {U.add, "mul", "add", "sub"}
+)
+
+
+def scale_broadcast_gradients(graph: Graph, values: GraphValues) -> None:
+    """Give the operand of a product or sum that is broadcast over ``N`` times
+    as many elements the gradient scale ``N^-1/2``: its gradient sums ``N``
+    terms, so it is ``sqrt(N)`` off unit scale, and by as much more as the
+    shapes grow. That is a conditioning signal applied to the stream: a DiT's
+    adaLN shift, scale and gate broadcast over tokens, a U-Net's timestep
+    embedding added to every pixel.
+
+    Not an operand computed from the other one (``x * rsqrt(mean(x**2))``, whose
+    terms are not independent), nor a per-row scalar broadcast over the last
+    dimension only (a norm's statistics, mixture-of-experts routing weights):
+    its gradient is a dot product over features that the rules already scale,
+    and rescaling it would pull down the gradient of the input the row shares
+    with the other operand. The factor enters the path factors ``K`` like any
+    ``beta / alpha``. Applied before regions are calibrated, so that a region
+    holding such an op measures its gradients with the scale in place."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    found: list[tuple[Node, Node, float]] = []
+    for node in graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        if node.target not in _BROADCASTING or len(node.args) != 2:
+            continue
+        a, b = node.args
+        out = values.tensor(node)
+        if not (isinstance(a, Node) and isinstance(b, Node)) or out is None:
+            continue
+        if not (values.is_data(node) and values.is_data(a) and values.is_data(b)):
+            continue
+        for operand, other in ((a, b), (b, a)):
+            info = values.tensor(operand)
+            if info is None or not info.numel or out.numel % info.numel:
+                continue
+            count = out.numel // info.numel
+            dims = _broadcast_dims(info.shape, out.shape)
+            if count == 1 or dims == {len(out.shape) - 1}:
+                continue
+            if not _depends_on(operand, other, order):
+                found.append((node, operand, count**-0.5))
+    for node, operand, factor in found:
+        with graph.inserting_before(node):
+            scaled = graph.call_function(scale_bwd, (operand, factor))
+        node.replace_input_with(operand, scaled)
+        values.record_like(scaled, operand)
+        logger.info(
+            "scaling a broadcast gradient: %s -> %s (gradient x%.4g)",
+            node,
+            operand,
+            factor,
+        )
+
+
+def _broadcast_dims(shape: tuple[int, ...], out: tuple[int, ...]) -> set[int]:
+    """The dimensions of ``out`` over which a tensor of ``shape`` is broadcast."""
+    padded = (1,) * (len(out) - len(shape)) + tuple(shape)
+    return {i for i, (s, o) in enumerate(zip(padded, out, strict=True)) if s < o}
+
+
+def _depends_on(node: Node, ancestor: Node, order: dict[Node, int]) -> bool:
+    """Whether ``ancestor`` is ``node`` or one of its ancestors."""
+    stop = order[ancestor]
+    seen: set[Node] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if current is ancestor:
+            return True
+        if current in seen or order.get(current, -1) < stop:
+            continue
+        seen.add(current)
+        stack.extend(current.all_input_nodes)
+    return False
+
+
 def _path_factors(
     node: Node, factor: dict[Node, float], rho: dict[tuple[Node, Node], float]
 ) -> dict[Node, float]:
@@ -247,6 +329,10 @@ def _path_factors(
 
 def _ratio(user: Node, node: Node, rho: dict[tuple[Node, Node], float]) -> float:
     """``beta / alpha`` of ``user`` for its input ``node``."""
+    if user.target is scale_bwd:  # a broadcast's gradient scale
+        factor = user.args[1]
+        assert isinstance(factor, (int, float))
+        return float(factor)
     if user.target is U.residual_add:
         # The backward skips the forward weights (residual_split applies them).
         residual, skip, tau = user.args[:3]

@@ -37,6 +37,7 @@ from torch import Tensor
 from torch.fx import Graph, GraphModule, Node
 
 from ._dynamo import is_functorch_internal
+from ..scale import scale_bwd
 from ._targets import calibrated_scale
 from ._values import GraphValues, Kind, TensorInfo
 
@@ -445,6 +446,49 @@ def apply_output_scales(
             if user is not scaled and user not in inside:
                 user.replace_input_with(node, scaled)
         applied.append((node, factor))
+    return applied
+
+
+# How far from unit scale the gradient a region passes back to an input may be
+# before it gets a gradient scale of its own (see apply_input_gradient_scales).
+GRADIENT_TOLERANCE = 1.5
+
+
+def apply_input_gradient_scales(
+    graph: Graph, region: Region, values: GraphValues, keep: set[Node]
+) -> list[tuple[Node, float]]:
+    """Give each activation input whose gradient the region passes back far
+    from unit scale (an average pool's ``1/K``, a gather's sum over the tokens
+    routed to an expert) the gradient scale ``1 / rms`` on its edges into the
+    region, as the analytic rules give each op its natural gradient scale; the
+    path factors (``_consistency``) keep the gradients true up to one factor
+    per node. Not for a region with an output left as it is (a scalar, a value
+    frozen code reads): its gradient is the model's own. Returns the inputs
+    scaled and their factors."""
+    calibration = region.calibration
+    assert calibration is not None
+    for node, rms in zip(region.outputs, calibration.output_rms, strict=True):
+        info = values.tensor(node)
+        if rms is None or node in keep or (info is not None and info.numel == 1):
+            return []
+    inside = set(region.nodes)
+    applied = []
+    for source, rms in calibration.input_grad_rms.items():
+        if rms == 0 or 1 / GRADIENT_TOLERANCE <= rms <= GRADIENT_TOLERANCE:
+            continue
+        if not values.is_data(source) or source.target is scale_bwd:
+            continue  # (a broadcast operand has its analytic gradient scale)
+        factor = _round_scale(1 / rms)
+        users = [u for u in source.users if u in inside]
+        if not users:
+            continue
+        with graph.inserting_before(users[0]):
+            scaled = graph.call_function(scale_bwd, (source, factor))
+        values.record_like(scaled, source)
+        for user in users:
+            user.replace_input_with(source, scaled)
+        region.nodes.insert(region.nodes.index(users[0]), scaled)
+        applied.append((source, factor))
     return applied
 
 

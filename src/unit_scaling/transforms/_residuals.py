@@ -18,8 +18,9 @@ Each becomes ``U.residual_split`` at the skip's source and ``U.residual_add``
 (``tau = 0.01`` when a branch contains attention, else ``0.5``, the seed's rule);
 several branches are summed and divided by ``sqrt(k)`` first. Adds that are not
 residuals (a position bias, a mask, a timestep or class embedding added to the
-stream) have no weighted path from one term to the other and are left to the
-other rules.
+stream) have no weighted path from one term to the other, or a term broadcast
+into the sum (after a U-Net's first block the stream depends on the timestep
+embedding it adds again in every block), and are left to the other rules.
 """
 
 from __future__ import annotations
@@ -98,6 +99,20 @@ def _terms(root: Node, values: GraphValues) -> tuple[list[Any], list[Node]]:
     expand(root)
     tree.reverse()
     return terms, tree
+
+
+def _same_shapes(root: Node, terms: list[Any], values: GraphValues) -> bool:
+    """Whether every term has the sum's shape: a residual stream and its
+    branches do; a term broadcast into the sum (a U-Net's timestep embedding
+    added to every pixel, a position table added to every sequence) does not."""
+    out = values.tensor(root)
+    if out is None:
+        return False
+    for term in terms:
+        info = values.tensor(term)
+        if info is None or info.shape != out.shape:
+            return False
+    return True
 
 
 def _weighted(nodes: set[Node]) -> int:
@@ -212,6 +227,8 @@ def find_residuals(graph: Graph, values: GraphValues) -> list[Residual]:
         terms, tree = _terms(node, values)
         if len(terms) < 2 or not all(values.is_data(t) for t in terms):
             continue
+        if not _same_shapes(node, terms, values):
+            continue  # a broadcast term (a timestep embedding) is no stream
         residual = _with_skip(node, terms, tree, index) or _with_shortcut(
             node, terms, tree, index, values
         )

@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 
 from .. import functional as U
 from ..scale import scale_bwd
-from ._consistency import unconstrain_consistently
+from ._consistency import scale_broadcast_gradients, unconstrain_consistently
 from ._dynamo import functorch_sections, is_functorch_internal
 from ._engine import (
     CaptureContext,
@@ -57,6 +57,7 @@ from ._patterns import rewrite_patterns
 from ._recognise import recognise, recognise_within, replace_region
 from ._regions import (
     Region,
+    apply_input_gradient_scales,
     apply_output_scales,
     calibrate,
     find_regions,
@@ -414,6 +415,13 @@ def _calibrate_regions(
             continue
         region.calibration = result
         applied = apply_output_scales(graph, region, values, keep)
+        for source, factor in apply_input_gradient_scales(graph, region, values, keep):
+            logger.info(
+                "unit scaling gradient: %s -> %s (calibrated: x%g)",
+                anchor,
+                source,
+                factor,
+            )
         if applied:
             factors = ", ".join(f"{n.name} x{f:g}" for n, f in applied)
             logger.info("unit scaling function: %s (calibrated: %s)", anchor, factors)
@@ -614,6 +622,7 @@ class _UnitScalingPass(CapturePass):
             _record(report, residual.root, "residual", f"tau={residual.tau}")
         _unit_scale_adds(graph, values, report)
         readable = self._initialise_parameters(graph, values, context)
+        scale_broadcast_gradients(graph, values)
         _calibrate_regions(gm, values, report, frozen)
         placeholders = zip(
             graph.find_nodes(op="placeholder"), context.example_inputs, strict=False
