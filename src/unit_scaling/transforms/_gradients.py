@@ -258,6 +258,24 @@ def downstream_factor(
     return product
 
 
+def _activation_uses(param: Node, ancestors: dict[Node, int]) -> list[Node]:
+    """The activations that read ``param``, directly or through views of it
+    (``gamma[:, None, None]``, a transposed weight)."""
+    uses: list[Node] = []
+    seen: set[Node] = set()
+    stack = list(param.users)
+    while stack:
+        user = stack.pop()
+        if user in seen:
+            continue
+        seen.add(user)
+        if user in ancestors:
+            uses.append(user)
+        else:
+            stack.extend(user.users)
+    return uses
+
+
 def compensate_parameters(
     graph: Graph,
     parameters: list[Node],
@@ -272,12 +290,13 @@ def compensate_parameters(
     graph positions ``ancestors`` was computed with."""
     carried: dict[Node, float] = {}
     for param in parameters:
-        uses = [u for u in param.users if u in position]
+        uses = _activation_uses(param, ancestors)
         factors = {
             u: downstream_factor(corrections, ancestors, position[u]) for u in uses
         }
         distinct = {float(f"{f:.6g}") for f in factors.values()}
-        if len(distinct) <= 1:
+        if len(distinct) <= 1 or any(u not in param.users for u in uses):
+            # (Reached through a view of the parameter: the first factor.)
             carried[param] = next(iter(factors.values()), 1.0)
             continue
         carried[param] = 1.0
