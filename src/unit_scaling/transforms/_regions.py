@@ -36,8 +36,8 @@ import torch
 from torch import Tensor
 from torch.fx import Graph, GraphModule, Node
 
-from ._dynamo import is_functorch_internal
 from ..scale import scale_bwd
+from ._dynamo import is_functorch_internal
 from ._targets import calibrated_scale
 from ._values import GraphValues, Kind, TensorInfo
 
