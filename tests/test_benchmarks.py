@@ -27,7 +27,9 @@ def test_train_step_over_processes_reports_median_and_range() -> None:
     assert "ratio range" in lines[1]
     ratio, low, high = _ratios(lines, "train step, eager")
     assert low <= ratio <= high
-    assert 0.5 < ratio < 2  # both models ran the same work
+    # Both models ran the same work: the same order of time (one round, next to
+    # another test worker, has measured 2.8x).
+    assert 0.25 < ratio < 4
     # Peak memory does not depend on timing: it is the same in every process and
     # within its target.
     ratio, low, high = _ratios(lines, "peak memory")

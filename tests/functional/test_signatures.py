@@ -188,7 +188,8 @@ def test_every_torch_map_key_has_a_readable_signature() -> None:
         _id((t, u))
         for t, u in torch_map.items()
         if torch_parameters(t) is None
-        and torch_parameters(getattr(F, t.__name__, t)) is None
+        # (a private builtin such as torch._grouped_mm is read from its F alias)
+        and torch_parameters(getattr(F, t.__name__.lstrip("_"), t)) is None
     ]
     assert unreadable == []
 

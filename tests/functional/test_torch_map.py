@@ -32,6 +32,7 @@ def _model(
         x @ w,
         torch.bmm(x3, x3.transpose(1, 2)),
         torch.einsum("ij,jk->ik", x, w),
+        F.grouped_mm(x.bfloat16(), x3.bfloat16(), offs=idx[:2].int().sort().values),
         F.conv1d(x3, w[:8, :8].unsqueeze(-1)),
         F.conv2d(x3.unsqueeze(0), w[:, :2, None, None]),
         F.conv3d(vol, w[:, :2, None, None, None]),
@@ -85,6 +86,7 @@ RECORDED: list[Callable[..., Any]] = [
     operator.matmul,
     torch.bmm,
     torch.einsum,
+    torch._grouped_mm,  # F.grouped_mm is inlined to the builtin
     F.conv1d,
     F.conv2d,
     F.conv3d,
@@ -148,12 +150,13 @@ def test_dynamo_records_exactly_the_mapped_functions() -> None:
     mapped = [t for t in recorded if t in torch_map]
     assert mapped == RECORDED, "Dynamo now records different targets; update torch_map"
     # Every key is recorded by some call, except aliases kept for direct use.
-    assert set(torch_map) - set(RECORDED) == {F.rms_norm}
+    assert set(torch_map) - set(RECORDED) == {F.rms_norm, F.grouped_mm}
 
 
 def test_values_are_the_unit_scaled_functions_of_the_same_name() -> None:
     for torch_fn, unit_fn in torch_map.items():
-        assert unit_fn.__name__ == torch_fn.__name__, torch_fn
+        # (torch._grouped_mm is the builtin behind F.grouped_mm)
+        assert unit_fn.__name__ == torch_fn.__name__.lstrip("_"), torch_fn
         assert getattr(U, unit_fn.__name__) is unit_fn
 
 

@@ -22,6 +22,7 @@ from .adaptive_pooling import (
 from .attention import scaled_dot_product_attention
 from .conv import conv1d, conv2d, conv3d
 from .conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
+from .grouped import grouped_mm
 from .interpolation import interpolate
 from .linear import bmm, einsum, linear, linear_readout, matmul
 from .losses import cross_entropy, mse_loss
@@ -66,6 +67,7 @@ __all__ = [
     "gather",
     "gelu",
     "group_norm",
+    "grouped_mm",
     "index_add",
     "index_select",
     "instance_norm",

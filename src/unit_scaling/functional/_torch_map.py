@@ -35,6 +35,7 @@ from .adaptive_pooling import (
 from .attention import scaled_dot_product_attention
 from .conv import conv1d, conv2d, conv3d
 from .conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
+from .grouped import grouped_mm
 from .interpolation import interpolate
 from .linear import bmm, einsum, linear, matmul
 from .losses import cross_entropy, mse_loss
@@ -60,6 +61,11 @@ torch_map: dict[Callable[..., Any], Callable[..., Any]] = {
     operator.matmul: matmul,
     torch.bmm: bmm,
     torch.einsum: einsum,
+    **{
+        op: grouped_mm
+        for op in (getattr(F, "grouped_mm", None), getattr(torch, "_grouped_mm", None))
+        if op is not None
+    },
     F.conv1d: conv1d,
     F.conv2d: conv2d,
     F.conv3d: conv3d,

@@ -35,6 +35,7 @@ from torch.fx import Graph, Node
 
 from .. import functional as U
 from ..scale import scale_bwd
+from ._gradients import toward_loss
 from ._rules import get_argument, set_argument
 from ._values import GraphValues, Kind
 
@@ -210,16 +211,17 @@ def unconstrain_consistently(graph: Graph, values: GraphValues) -> int:
             rho[(node, source)] = ratio
     factor: dict[Node, float] = {}
     equalised = 0
+    live = toward_loss(graph, values)
     for node in reversed(list(graph.nodes)):
         if values.kind(node) is not Kind.DATA:
             continue
         paths = _path_factors(node, factor, rho)
         if not paths:
             continue
-        # A tensor the model also returns (an encoder's last hidden state)
-        # follows its internal paths: a loss rarely uses such extra outputs,
-        # and its output edge is equalised like any other path.
-        internal = {u: v for u, v in paths.items() if u.op != "output"}
+        # A tensor the model also returns (an encoder's last hidden state, a
+        # key/value cache) follows its paths toward the loss: a loss rarely
+        # uses such extra outputs, and their edges are equalised like any other.
+        internal = {u: v for u, v in paths.items() if u in live}
         chosen = _main_path(internal or paths)
         factor[node] = chosen
         for user, value in paths.items():

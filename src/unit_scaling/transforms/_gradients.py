@@ -16,9 +16,9 @@ The analytic rules assume a unit-scaled gradient arrives at each op. Where that
 does not hold (an encoder output read by the cross-attention of every decoder
 layer, a projection under a constraint, attention with near-uniform weights),
 these free scales are set from one measurement: the rewritten graph is run on
-unit-normal stand-ins for its activation inputs, a unit-normal gradient is
-backpropagated from its first output (or a unit gradient from its scalar
-outputs, if it computes a loss), and each cut vertex and then each parameter gets
+unit-normal stand-ins for its activation inputs, unit-normal gradients are
+backpropagated from the output a loss would use (see :func:`loss_outputs`; the
+mean square over a few draws), and each cut vertex and then each parameter gets
 the factor that brings its gradient to unit RMS.
 """
 
@@ -30,12 +30,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.fx import Graph, GraphModule, Node
-from torch.utils import _pytree as pytree
 
 from ..scale import scale_bwd
 from ._dynamo import restore_functorch_levels
 from ._engine import CaptureContext
-from ._values import GraphValues, Kind
+from ._values import GraphValues, Kind, TensorInfo
 
 __all__ = [
     "ZERO_GRADIENT",
@@ -44,15 +43,22 @@ __all__ = [
     "compensate_parameters",
     "cut_vertices",
     "downstream_factor",
+    "loss_outputs",
     "scale_gradient",
+    "toward_loss",
 ]
 
-# A gradient this small is zero by construction (a key bias, to which softmax is
-# invariant): there is no scale to correct.
-ZERO_GRADIENT = 1e-5
+# A gradient this far below unit scale, once the corrections downstream of it are
+# applied, is zero by construction (a key bias, to which softmax is invariant; a
+# bias before a batch norm): what is measured is rounding noise, and there is no
+# scale to correct. (A real gradient a thousand times off would be a fault to
+# report, not a scale to fold in.)
+ZERO_GRADIENT = 1e-3
 # Parameters are brought to unit RMS when outside this factor of it; cut
 # vertices only when further off (each one costs an elementwise pass).
 PARAMETER_TOLERANCE = 1.1
+# Output-gradient draws a calibration averages over (see calibrate_gradients).
+GRADIENT_DRAWS = 4
 CUT_TOLERANCE = 1.5
 
 
@@ -160,6 +166,55 @@ def _with_outputs(gm: GraphModule, extra: list[Node]) -> tuple[GraphModule, int]
     return GraphModule(gm, graph), len(flat)
 
 
+def _output_leaves(graph: Graph) -> list[Any]:
+    """What the graph's output node returns, as a flat list."""
+    exits = list(graph.find_nodes(op="output"))
+    if not exits:
+        return []
+    returned = exits[0].args[0]
+    return list(returned) if isinstance(returned, (tuple, list)) else [returned]
+
+
+def loss_outputs(graph: Graph, values: GraphValues) -> list[int]:
+    """Positions, among the graph's flattened outputs, of those a loss would use.
+
+    The scalar float activations if there are any (a loss computed inside the
+    model). Else the largest float activation, preferring one that no op of the
+    graph reads: logits rather than a key/value cache the model also returns
+    (Dynamo may return such side outputs first), the last hidden state rather
+    than a pooled summary of one of its tokens."""
+    leaves = _output_leaves(graph)
+    candidates = [
+        (i, node, info)
+        for i, node in enumerate(leaves)
+        if values.is_data(node) and (info := values.tensor(node)) is not None
+    ]
+    losses = [i for i, _, info in candidates if info.numel == 1]
+    if losses or not candidates:
+        return losses
+
+    def preference(candidate: tuple[int, Node, TensorInfo]) -> tuple[int, bool, int]:
+        i, node, info = candidate
+        read = any(u.op != "output" for u in node.users)
+        return (info.numel, not read, -i)
+
+    return [max(candidates, key=preference)[0]]
+
+
+def toward_loss(graph: Graph, values: GraphValues) -> set[Node]:
+    """The nodes a loss's gradient reaches: the ancestors of the outputs
+    :func:`loss_outputs` picks (themselves included)."""
+    leaves = _output_leaves(graph)
+    stack = [leaves[i] for i in loss_outputs(graph, values)]
+    seen: set[Node] = set()
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Node) and node not in seen:
+            seen.add(node)
+            stack.extend(node.all_input_nodes)
+    return seen
+
+
 def calibrate_gradients(
     gm: GraphModule,
     context: CaptureContext,
@@ -185,41 +240,43 @@ def calibrate_gradients(
         ):
             module, count = _with_outputs(gm, vertices)
             results = module(*_stand_in_inputs(placeholders, context, values, seed))
-            flat = pytree.tree_leaves(results[:count])
-            outputs = [
-                out
-                for out in flat
-                if isinstance(out, Tensor)
-                and out.is_floating_point()
-                and out.requires_grad
-            ]
-            inner = dict(zip(vertices, results[count:], strict=True))
+            chosen = [results[i] for i in loss_outputs(gm.graph, values)]
+            chosen = [t for t in chosen if isinstance(t, Tensor) and t.requires_grad]
             inner = {
                 n: t
-                for n, t in inner.items()
+                for n, t in zip(vertices, results[count:], strict=True)
                 if isinstance(t, Tensor) and t.requires_grad
             }
-            # What a loss would use: the graph's scalar outputs (a loss computed
-            # inside the model), else its first output (logits, last hidden
-            # state: Dynamo returns tensors in the order the forward does).
-            losses = [out for out in outputs if out.numel() == 1]
-            chosen = losses or outputs[:1]
             if not chosen:
                 return GradientCalibration({}, {})
-            incoming = [
-                torch.ones_like(out)
-                if losses
-                else torch.randn(out.shape, generator=generator).to(out)
-                for out in chosen
-            ]
             wrt = [*params.values(), *inner.values()]
-            received = torch.autograd.grad(chosen, wrt, incoming, allow_unused=True)
+            # The expected square over a few output-gradient draws: one draw's
+            # RMS of a parameter reached through few elements (a gain read by
+            # attention scores, a classifier over a small batch) varies by 2x.
+            random = any(out.numel() > 1 for out in chosen)
+            squares: list[float | None] = [None] * len(wrt)
+            draws = GRADIENT_DRAWS if random else 1
+            for draw in range(draws):
+                incoming = [
+                    torch.ones_like(out)
+                    if out.numel() == 1
+                    else torch.randn(out.shape, generator=generator).to(out)
+                    for out in chosen
+                ]
+                received = torch.autograd.grad(
+                    chosen,
+                    wrt,
+                    incoming,
+                    allow_unused=True,
+                    retain_graph=draw < draws - 1,
+                )
+                for i, g in enumerate(received):
+                    if g is not None:
+                        square = float(g.detach().float().square().mean()) / draws
+                        squares[i] = (squares[i] or 0.0) + square
     except Exception as error:
         return f"{type(error).__name__}: {error}"
-    rms = [
-        None if g is None else float(g.detach().float().square().mean().sqrt())
-        for g in received
-    ]
+    rms = [None if s is None else s**0.5 for s in squares]
     measured_params = {
         n: r for n, r in zip(params, rms[: len(params)], strict=True) if r is not None
     }

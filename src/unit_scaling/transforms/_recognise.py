@@ -105,10 +105,11 @@ def _norms(x: Tensor, params: dict[Node, Tensor], eps: float) -> list[_Candidate
 
 
 def recognise(
-    root: GraphModule, region: Region, values: GraphValues
+    root: GraphModule, region: Region, values: GraphValues, activations: bool = True
 ) -> Recognised | None:
     """The torch function ``region`` computes, if it is a normalisation over the
-    last dimension or an activation with a unit-scaled equivalent."""
+    last dimension or (unless ``activations`` is false) an activation with a
+    unit-scaled equivalent."""
     inputs, outputs = region.inputs, region.outputs
     data = [n for n in inputs if values.is_data(n)]
     if len(data) != 1 or len(outputs) != 1:
@@ -155,7 +156,7 @@ def recognise(
     def matches(candidate: Tensor) -> bool:
         return bool(torch.allclose(y, candidate, rtol=_RTOL, atol=_ATOL))
 
-    if not params:
+    if activations and not params:
         for name, target, kwargs, candidate in _activations(x):
             if matches(candidate):
                 return Recognised(name, x_node, target, (), kwargs)
@@ -166,36 +167,71 @@ def recognise(
     return None
 
 
+# The most ops a recognised part of a larger region may span (a hand-written
+# normalisation takes about ten): bounds the search over the region's parts.
+_PART_LIMIT = 16
+
+
 def recognise_within(
     root: GraphModule, region: Region, values: GraphValues
 ) -> tuple[Region, Recognised] | None:
     """A part of ``region`` that computes a recognised function, when the region
-    as a whole does not: the ops some node ``y`` depends on inside the region,
-    if only ``y`` is used by the rest (a normalisation whose output feeds ops no
-    rule covers, such as a mixture-of-experts dispatch). The largest such part
-    is returned, with what it computes."""
+    as a whole does not: the ops between some node ``x`` (of the region or one of
+    its inputs) and a node ``y`` of the region, if the rest uses only ``y``. For
+    instance a normalisation whose output feeds ops no rule covers (a
+    mixture-of-experts dispatch), or the query and key norms of an attention
+    layer, between the reshape into heads and the rotary embedding. The largest
+    such part ending at the latest ``y`` is returned, with what it computes; call
+    again on what is left to find the next one. Where ``x`` is computed inside
+    the region, only normalisations count: they do not depend on the scale of
+    their input, while an activation's rule assumes a unit input (``tanh(h / 50)``
+    is not ``tanh`` of a unit-scaled ``h / 50``)."""
     inside = set(region.nodes)
     order = {n: i for i, n in enumerate(region.nodes)}
-    for y in reversed(region.nodes[:-1]):  # (the whole region was tried)
+    for y in reversed(region.nodes):
         info = values.tensor(y)
         if info is None or not info.shape or values.kind(y) is not Kind.DATA:
             continue
-        part: set[Node] = set()
+        upstream: set[Node] = set()
         stack = [y]
         while stack:
             node = stack.pop()
-            if node not in part:
-                part.add(node)
+            if node not in upstream:
+                upstream.add(node)
                 stack.extend(p for p in node.all_input_nodes if p in inside)
-        if len(part) < 2:
-            continue
-        sub = Region(sorted(part, key=order.__getitem__))
-        if sub.outputs != [y]:
-            continue
-        found = recognise(root, sub, values)
-        if found is not None:
-            return sub, found
+        sources = [
+            n
+            for n in (*region.inputs, *region.nodes)
+            if n is not y
+            and values.is_data(n)
+            and getattr(values.tensor(n), "shape", None) == info.shape
+            and (n in upstream or n not in inside)
+        ]
+        for x in sources:
+            part = _between(x, upstream)
+            if not 2 <= len(part) <= _PART_LIMIT or len(part) == len(region.nodes):
+                continue
+            sub = Region(sorted(part, key=order.__getitem__))
+            if sub.outputs != [y] or [n for n in sub.inputs if values.is_data(n)] != [
+                x
+            ]:
+                continue
+            found = recognise(root, sub, values, activations=x not in inside)
+            if found is not None:
+                return sub, found
     return None
+
+
+def _between(x: Node, upstream: set[Node]) -> set[Node]:
+    """The nodes of ``upstream`` computed from ``x`` (``x`` itself excluded)."""
+    part: set[Node] = set()
+    stack = [u for u in x.users if u in upstream]
+    while stack:
+        node = stack.pop()
+        if node not in part:
+            part.add(node)
+            stack.extend(u for u in node.users if u in upstream)
+    return part
 
 
 def replace_region(graph: Graph, region: Region, found: Recognised) -> Node:

@@ -60,6 +60,7 @@ _WEIGHTED: list[Callable[..., Any]] = [
     U.matmul,
     U.bmm,
     U.einsum,
+    U.grouped_mm,
     U.conv1d,
     U.conv2d,
     U.scaled_dot_product_attention,
@@ -84,10 +85,31 @@ CONSTRAINED: frozenset[Callable[..., Any]] = frozenset(
 )
 
 
+# Operators other libraries register with ``torch.library`` (opaque to tracing, so
+# recognisable only by their qualified name), with the torch op each computes.
+# Listed in docs/DESIGN.md with the other name-keyed rules.
+NAMED_OPERATORS: dict[str, Callable[..., Any]] = {
+    # Hugging Face's mixture-of-experts layers, where torch's grouped_mm kernel
+    # cannot run (CPU, float32): F.grouped_mm(input, weight, offs=offs).
+    "transformers::grouped_mm_fallback": U.grouped_mm,
+}
+
+
+def _operator_name(target: Any) -> str | None:
+    """``namespace::name`` of a ``torch.ops`` operator (packet or overload)."""
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return str(target._qualified_op_name)
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target._name)
+    return None
+
+
 def rule_for(node: Node) -> Callable[..., Any] | None:
     """The unit-scaled function replacing ``node``, if there is an analytic rule."""
     if node.op == "call_function" and node.target in U.torch_map:
         return U.torch_map[node.target]
+    if node.op == "call_function" and (name := _operator_name(node.target)):
+        return NAMED_OPERATORS.get(name)
     if node.op == "call_method" and node.target in _METHOD_RULES:
         return _METHOD_RULES[str(node.target)]
     return None

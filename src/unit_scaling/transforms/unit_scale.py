@@ -380,8 +380,8 @@ def _calibrate_regions(
                 )
             )
             continue
-        part = recognise_within(gm, region, values)
-        if part is not None:  # recognise that part; calibrate the rest
+        while (part := recognise_within(gm, region, values)) is not None:
+            # recognise that part; calibrate the rest
             sub, found = part
             sub_names = sub.op_names()
             replaced = sub.outputs[0]
@@ -400,13 +400,15 @@ def _calibrate_regions(
             )
             region.nodes = [n for n in region.nodes if n not in done]
             if not region.nodes or region.rearranges_only:
-                continue
+                break
             value_ops = [n for n in region.nodes if values.kind(n) is Kind.DATA]
             anchor = value_ops[-1] if value_ops else region.nodes[-1]
             names = region.op_names()
             op = "+".join(
                 names if len(names) <= 4 else [*names[:3], f"{len(names) - 3} more"]
             )
+        if not region.nodes or region.rearranges_only:
+            continue
         result = calibrate(gm, region, values, _shapes_output)
         if isinstance(result, str):
             region.skipped = result
@@ -509,9 +511,13 @@ class _UnitScalingPass(CapturePass):
         corrections: dict[Node, float] = {}
         for vertex in reversed(cuts):
             rms = measured.vertices.get(vertex)
-            if rms is None or rms < ZERO_GRADIENT:
+            if rms is None:
                 continue
+            # (judged after the corrections downstream: a gradient zero by
+            # construction is tiny next to the unit-scaled ones around it)
             rms *= downstream_factor(corrections, ancestors, position[vertex])
+            if rms < ZERO_GRADIENT:
+                continue
             if not 1 / CUT_TOLERANCE <= rms <= CUT_TOLERANCE:
                 corrections[vertex] = rounded(1 / rms)
         for vertex, factor in corrections.items():
@@ -530,16 +536,20 @@ class _UnitScalingPass(CapturePass):
         for node in new:
             factor = 1.0
             rms = measured.parameters.get(node)
-            if rms is not None and rms > ZERO_GRADIENT:
+            if rms is not None:
                 rms *= carried.get(node, 1.0)
-                if not 1 / PARAMETER_TOLERANCE <= rms <= PARAMETER_TOLERANCE:
-                    factor = rounded(1 / rms)
-                    scale_gradient(graph, node, factor)
-                    logger.info(
-                        "unit scaling parameter gradient: %s (calibrated: x%g)",
-                        readable[node],
-                        factor,
-                    )
+            if (
+                rms is not None
+                and rms > ZERO_GRADIENT
+                and not (1 / PARAMETER_TOLERANCE <= rms <= PARAMETER_TOLERANCE)
+            ):
+                factor = rounded(1 / rms)
+                scale_gradient(graph, node, factor)
+                logger.info(
+                    "unit scaling parameter gradient: %s (calibrated: x%g)",
+                    readable[node],
+                    factor,
+                )
             self.grad_scales[readable[node]] = factor
         records = self.report.parameters
         for i, record in enumerate(records):
