@@ -164,3 +164,34 @@ def test_named_operator_rule_for_hugging_face_grouped_experts() -> None:
     assert [(r.op, r.how) for r in records] == [("grouped_mm_fallback", "analytic")]
     assert 0.9 <= _rms(scaled.weight) <= 1.1  # a weight: unit initialised
     torch.testing.assert_close(out, U.grouped_mm(x, scaled.weight, offs=offs))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth as vision models write it: a whole sample is kept with
+    probability ``keep`` and rescaled by ``1 / keep``."""
+
+    def __init__(self, keep: float) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.keep = keep
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.fc(x)
+        mask = (self.keep + torch.rand(h.shape[0], 1, dtype=h.dtype)).floor()
+        return h.div(self.keep) * mask
+
+
+def test_region_drawing_random_numbers_is_calibrated_over_draws() -> None:
+    """A drop-path's output RMS is ``keep^-1/2`` in expectation; over a batch of one
+    sample, one draw gives 0 or ``1 / keep`` (a factor of 0.5 or none). The mask
+    is recomputed on every calibration run (not taken as the constant the trace
+    saw) and the runs averaged, so most models get a factor near 0.707."""
+    factors = []
+    for seed in range(10):
+        torch.manual_seed(seed)
+        scaled = unit_scale(DropPath(keep=0.5))
+        scaled(torch.randn(1, 16))
+        records = unit_scale_report(scaled).ops
+        factors += [float(r.detail[1:]) for r in records if r.how == "calibrated"]
+    near = [f for f in factors if 0.55 <= f <= 0.9]
+    assert len(near) >= 6, factors

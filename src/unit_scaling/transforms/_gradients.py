@@ -18,13 +18,14 @@ layer, a projection under a constraint, attention with near-uniform weights),
 these free scales are set from one measurement: the rewritten graph is run on
 unit-normal stand-ins for its activation inputs, unit-normal gradients are
 backpropagated from the output a loss would use (see :func:`loss_outputs`; the
-mean square over a few draws), and each cut vertex and then each parameter gets
+geometric mean over a few draws), and each cut vertex and then each parameter gets
 the factor that brings its gradient to unit RMS.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -250,11 +251,12 @@ def calibrate_gradients(
             if not chosen:
                 return GradientCalibration({}, {})
             wrt = [*params.values(), *inner.values()]
-            # The expected square over a few output-gradient draws: one draw's
-            # RMS of a parameter reached through few elements (a gain read by
-            # attention scores, a classifier over a small batch) varies by 2x.
+            # The typical RMS over a few output-gradient draws (geometric mean):
+            # one draw's RMS of a gradient that depends on few output elements (a
+            # classifier's logits over a small batch, a gain read through the
+            # attention scores) varies by 2x from draw to draw.
             random = any(out.numel() > 1 for out in chosen)
-            squares: list[float | None] = [None] * len(wrt)
+            logs: list[float | None] = [None] * len(wrt)
             draws = GRADIENT_DRAWS if random else 1
             for draw in range(draws):
                 incoming = [
@@ -272,11 +274,12 @@ def calibrate_gradients(
                 )
                 for i, g in enumerate(received):
                     if g is not None:
-                        square = float(g.detach().float().square().mean()) / draws
-                        squares[i] = (squares[i] or 0.0) + square
+                        square = float(g.detach().float().square().mean())
+                        log = math.log(max(square, 1e-300)) / (2 * draws)
+                        logs[i] = (logs[i] or 0.0) + log
     except Exception as error:
         return f"{type(error).__name__}: {error}"
-    rms = [None if s is None else s**0.5 for s in squares]
+    rms = [None if log is None else math.exp(log) for log in logs]
     measured_params = {
         n: r for n, r in zip(params, rms[: len(params)], strict=True) if r is not None
     }

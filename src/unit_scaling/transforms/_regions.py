@@ -56,6 +56,45 @@ logger = logging.getLogger("unit_scaling.transforms.unit_scale")
 # A calibrated scale within this factor of 1 is not applied: the op is already
 # unit-scaled, and a multiply would cost a pass for nothing.
 UNIT_TOLERANCE = 1.1
+# Runs averaged when a region draws random numbers (see calibrate).
+RANDOM_DRAWS = 8
+# Ops that draw random numbers, as Dynamo records them.
+_RANDOM_FUNCTIONS = frozenset(
+    {
+        torch.rand,
+        torch.rand_like,
+        torch.randn,
+        torch.randn_like,
+        torch.randint,
+        torch.randint_like,
+        torch.randperm,
+        torch.bernoulli,
+        torch.multinomial,
+        torch.normal,
+        torch.poisson,
+        torch.dropout,
+        torch.nn.functional.dropout,
+        torch.nn.functional.alpha_dropout,
+        torch.nn.functional.feature_alpha_dropout,
+        torch.nn.functional.dropout1d,
+        torch.nn.functional.dropout2d,
+        torch.nn.functional.dropout3d,
+        torch.nn.functional.rrelu,
+    }
+)
+_RANDOM_METHODS = frozenset(
+    {
+        "bernoulli",
+        "bernoulli_",
+        "uniform_",
+        "normal_",
+        "random_",
+        "exponential_",
+        "geometric_",
+        "log_normal_",
+        "cauchy_",
+    }
+)
 # Elements this large are masks' fill values (-inf, finfo.min), not data: they are
 # left out of the measured RMS.
 _MASK_MAGNITUDE = 1e4
@@ -265,6 +304,9 @@ class _Plan:
     leaf_values: list[Any]
     stand_ins: dict[Node, Tensor]
     prefix: dict[Node, Node]
+    # Ops from a random draw to a constant input (a drop-path mask), run in front
+    # of the region so that each calibration run draws anew.
+    random: list[Node] = dataclasses.field(default_factory=list)
 
 
 def _plan(
@@ -283,7 +325,7 @@ def _plan(
     plan = _Plan([], [], {}, {})
 
     def leaf(node: Node) -> str | None:
-        if node in plan.leaves:
+        if node in plan.leaves or node in plan.random:
             return None
         if values.is_data(node):
             info = values.tensor(node)
@@ -299,6 +341,14 @@ def _plan(
         return None
 
     for node in region.inputs:
+        chain = _random_chain(node, values)
+        if chain:
+            plan.random += [n for n in chain if n not in plan.random]
+            for n in chain:
+                for p in n.all_input_nodes:
+                    if p not in chain and (problem := leaf(p)) is not None:
+                        return problem
+            continue
         producer_inputs = node.all_input_nodes
         if (
             values.is_data(node)
@@ -313,6 +363,26 @@ def _plan(
         if problem is not None:
             return problem
     return plan
+
+
+def _random_chain(node: Node, values: GraphValues) -> list[Node]:
+    """The constant ops from a random draw to ``node`` (in dependency order), if
+    ``node`` is a constant computed from one; else empty."""
+    if values.kind(node) is not Kind.CONST:
+        return []
+    order: list[Node] = []
+    seen: set[Node] = set()
+
+    def visit(n: Node) -> None:
+        if n in seen or n.op not in ("call_function", "call_method"):
+            return
+        seen.add(n)
+        for p in n.all_input_nodes:
+            visit(p)
+        order.append(n)
+
+    visit(node)
+    return order if any(_is_random(n) for n in order) else []
 
 
 def subgraph(
@@ -335,7 +405,7 @@ def _subgraph(root: GraphModule, region: Region, plan: _Plan) -> GraphModule:
     the region's outputs followed by the prefix producers' outputs."""
     return subgraph(
         root,
-        [*plan.prefix.values(), *region.nodes],
+        [*plan.random, *plan.prefix.values(), *region.nodes],
         plan.leaves,
         [*region.outputs, *plan.prefix],
     )
@@ -345,6 +415,70 @@ def _float_outputs(outputs: Iterable[Any]) -> list[Tensor | None]:
     return [
         x if isinstance(x, Tensor) and x.is_floating_point() else None for x in outputs
     ]
+
+
+def _is_random(node: Node) -> bool:
+    """Whether ``node`` draws random numbers (a mask, noise)."""
+    if node.op == "call_method":
+        return node.target in _RANDOM_METHODS
+    return node.op == "call_function" and node.target in _RANDOM_FUNCTIONS
+
+
+def _measure(
+    module: GraphModule,
+    plan: _Plan,
+    region: Region,
+    values: GraphValues,
+    generator: torch.Generator,
+) -> tuple[list[float | None], dict[Node, float]] | str:
+    """One run of a region's subgraph on its stand-ins: the RMS of each output
+    and of the gradient each input receives from unit-scaled output gradients."""
+    region_outputs = region.outputs
+    everything = _float_outputs(module(*plan.leaf_values))
+    outputs = everything[: len(region_outputs)]
+    fed = dict(zip(plan.prefix, everything[len(region_outputs) :], strict=True))
+    for node, out in zip(region_outputs, outputs, strict=True):
+        info = values.infos[node]
+        if (
+            out is not None
+            and isinstance(info, TensorInfo)
+            and tuple(out.shape) != info.shape
+        ):
+            return (
+                f"its output {node.name} has a shape that depends on the data "
+                f"({tuple(out.shape)} on stand-ins, {info.shape} traced)"
+            )
+    rms: list[float | None] = [
+        _valid_rms(out) if out is not None and values.is_data(node) else None
+        for node, out in zip(region_outputs, outputs, strict=True)
+    ]
+    differentiable = [
+        (out, r)
+        for out, r in zip(outputs, rms, strict=True)
+        if out is not None and r is not None and out.requires_grad
+    ]
+    sources = {
+        **plan.stand_ins,
+        **{n: t for n, t in fed.items() if t is not None},
+    }
+    sources = {n: t for n, t in sources.items() if n in region.inputs}
+    grads: dict[Node, float] = {}
+    if differentiable and sources:
+        incoming = [
+            torch.randn(out.shape, generator=generator).to(out) / max(r, 1e-30)
+            for out, r in differentiable
+        ]
+        received = torch.autograd.grad(
+            [out for out, _ in differentiable],
+            list(sources.values()),
+            incoming,
+            allow_unused=True,
+        )
+        for node, grad in zip(sources, received, strict=True):
+            measured = None if grad is None else _valid_rms(grad)
+            if measured is not None:
+                grads[node] = measured
+    return rms, grads
 
 
 def calibrate(
@@ -372,54 +506,31 @@ def calibrate(
         return plan
     module = _subgraph(root, region, plan)
     devices = {x.device.index or 0 for x in plan.stand_ins.values() if x.is_cuda}
+    random = plan.random or any(_is_random(n) for n in region.nodes)
+    draws = RANDOM_DRAWS if random else 1
+    squares: list[list[float | None]] = []
+    grad_squares: dict[Node, list[float]] = {}
     try:
         with torch.random.fork_rng(devices=sorted(devices)), torch.enable_grad():
-            everything = _float_outputs(module(*plan.leaf_values))
-            outputs = everything[: len(region_outputs)]
-            fed = dict(zip(plan.prefix, everything[len(region_outputs) :], strict=True))
-            for node, out in zip(region_outputs, outputs, strict=True):
-                info = values.infos[node]
-                if (
-                    out is not None
-                    and isinstance(info, TensorInfo)
-                    and tuple(out.shape) != info.shape
-                ):
-                    return (
-                        f"its output {node.name} has a shape that depends on the data "
-                        f"({tuple(out.shape)} on stand-ins, {info.shape} traced)"
-                    )
-            rms: list[float | None] = [
-                _valid_rms(out) if out is not None and values.is_data(node) else None
-                for node, out in zip(region_outputs, outputs, strict=True)
-            ]
-            differentiable = [
-                (out, r)
-                for out, r in zip(outputs, rms, strict=True)
-                if out is not None and r is not None and out.requires_grad
-            ]
-            sources = {
-                **plan.stand_ins,
-                **{n: t for n, t in fed.items() if t is not None},
-            }
-            sources = {n: t for n, t in sources.items() if n in region.inputs}
-            grads: dict[Node, float] = {}
-            if differentiable and sources:
-                incoming = [
-                    torch.randn(out.shape, generator=generator).to(out) / max(r, 1e-30)
-                    for out, r in differentiable
-                ]
-                received = torch.autograd.grad(
-                    [out for out, _ in differentiable],
-                    list(sources.values()),
-                    incoming,
-                    allow_unused=True,
-                )
-                for node, grad in zip(sources, received, strict=True):
-                    measured = None if grad is None else _valid_rms(grad)
-                    if measured is not None:
-                        grads[node] = measured
+            for _ in range(draws):
+                measured = _measure(module, plan, region, values, generator)
+                if isinstance(measured, str):
+                    return measured
+                rms_once, grads_once = measured
+                squares.append([None if r is None else r * r for r in rms_once])
+                for node, g in grads_once.items():
+                    grad_squares.setdefault(node, []).append(g * g)
     except Exception as error:
         return f"it fails on unit-normal stand-ins ({type(error).__name__}: {error})"
+    # Over the draws of a region that draws random numbers (a drop-path's mask
+    # over a batch of two keeps 0, 1 or 2 samples): the root mean square.
+    rms = [
+        None
+        if any(d[i] is None for d in squares)
+        else (sum(d[i] or 0.0 for d in squares) / len(squares)) ** 0.5
+        for i in range(len(squares[0]))
+    ]
+    grads = {n: (sum(v) / len(v)) ** 0.5 for n, v in grad_squares.items()}
     return Calibration(rms, grads)
 
 
