@@ -42,16 +42,16 @@ class CachingAttentionLM(nn.Module):
     head dimension applied between the reshape into heads and a rotary
     embedding, which no rule covers."""
 
-    def __init__(self) -> None:
+    def __init__(self, vocab: int = VOCAB) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.embed = nn.Embedding(vocab, WIDTH)
         self.q, self.k, self.v, self.o = (
             nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(4)
         )
         head = WIDTH // HEADS
         self.q_norm = nn.Parameter(torch.zeros(head))
         self.k_norm = nn.Parameter(torch.zeros(head))
-        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
+        self.head = nn.Linear(WIDTH, vocab, bias=False)
         angles = torch.arange(64)[:, None] * 0.1 ** torch.arange(head)[None, :]
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
@@ -72,12 +72,18 @@ class CachingAttentionLM(nn.Module):
         return k, v, self.head(h)
 
 
-def test_gradients_calibrated_for_the_logits_not_a_cache_returned_first() -> None:
+@pytest.mark.parametrize("vocab", [VOCAB, WIDTH])
+def test_gradients_calibrated_for_the_logits_not_a_cache_returned_first(
+    vocab: int,
+) -> None:
     """A loss uses the logits: calibrating from the first output (the cache)
-    would scale the key and value projections for gradients that never come."""
+    would scale the key and value projections for gradients that never come.
+    With ``vocab == WIDTH`` the cache is as large as the logits, and it is
+    told apart by being read by attention (also once the rewrite has put a
+    gradient rescaling between it and the output)."""
     torch.manual_seed(0)
-    scaled = unit_scale(CachingAttentionLM())
-    ids = torch.randint(VOCAB, (16, 32), generator=torch.Generator().manual_seed(1))
+    scaled = unit_scale(CachingAttentionLM(vocab))
+    ids = torch.randint(vocab, (16, 32), generator=torch.Generator().manual_seed(1))
     *_, logits = scaled(ids)
     unit_backward(logits, seed=2)
     grads = {

@@ -35,6 +35,7 @@ from torch.fx import Graph, GraphModule, Node
 from ..scale import scale_bwd
 from ._dynamo import restore_functorch_levels
 from ._engine import CaptureContext
+from ._targets import RESCALING
 from ._values import GraphValues, Kind, TensorInfo
 
 __all__ = [
@@ -196,10 +197,19 @@ def loss_outputs(graph: Graph, values: GraphValues) -> list[int]:
 
     def preference(candidate: tuple[int, Node, TensorInfo]) -> tuple[int, bool, int]:
         i, node, info = candidate
-        read = any(u.op != "output" for u in node.users)
-        return (info.numel, not read, -i)
+        while node.target in RESCALING and isinstance(node.args[0], Node):
+            node = node.args[0]  # (the value a rewrite rescaled on its way out)
+        return (info.numel, not _read(node), -i)
 
     return [max(candidates, key=preference)[0]]
+
+
+def _read(node: Node) -> bool:
+    """Whether an op of the graph reads ``node``, directly or through the
+    gradient rescalings the rewrite inserted."""
+    return any(
+        u.op != "output" and (u.target not in RESCALING or _read(u)) for u in node.users
+    )
 
 
 def toward_loss(graph: Graph, values: GraphValues) -> set[Node]:
