@@ -61,6 +61,8 @@ ZERO_GRADIENT = 1e-3
 PARAMETER_TOLERANCE = 1.1
 # Output-gradient draws a calibration averages over (see calibrate_gradients).
 GRADIENT_DRAWS = 4
+# Output elements from which one draw is enough.
+MANY_ELEMENTS = 2**16
 CUT_TOLERANCE = 1.5
 
 
@@ -265,9 +267,11 @@ def calibrate_gradients(
             # one draw's RMS of a gradient that depends on few output elements (a
             # classifier's logits over a small batch, a gain read through the
             # attention scores) varies by 2x from draw to draw.
-            random = any(out.numel() > 1 for out in chosen)
+            # (A large output, such as a language model's logits, averages out
+            # by itself: one draw, and no more backward passes than needed.)
+            size = max(out.numel() for out in chosen)
             logs: list[float | None] = [None] * len(wrt)
-            draws = GRADIENT_DRAWS if random else 1
+            draws = GRADIENT_DRAWS if 1 < size < MANY_ELEMENTS else 1
             for draw in range(draws):
                 incoming = [
                     torch.ones_like(out)
