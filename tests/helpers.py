@@ -26,9 +26,14 @@ def unit_backward(output: Tensor, seed: int = 0) -> Tensor:
     return grad
 
 
+def rms(t: Tensor) -> float:
+    """Root mean square of ``t`` (in float32, detached)."""
+    return t.detach().float().pow(2).mean().sqrt().item()
+
+
 def assert_unit_scale(t: Tensor, rtol: float = 0.1, name: str = "tensor") -> None:
     """Assert the RMS of ``t`` is within ``rtol`` of 1 (relative)."""
-    value = t.detach().float().pow(2).mean().sqrt().item()
+    value = rms(t)
     assert abs(value - 1) <= rtol, f"{name}: RMS {value:.4f} not within {rtol} of 1"
 
 

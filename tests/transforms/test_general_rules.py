@@ -13,14 +13,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import unit_scaling.functional as U
-from tests.helpers import unit_backward
+from tests.helpers import rms, unit_backward
 from unit_scaling.transforms import unit_scale, unit_scale_report
 
 WIDTH, HEADS, VOCAB = 32, 4, 64
-
-
-def _rms(t: Tensor) -> float:
-    return float(t.detach().float().square().mean().sqrt())
 
 
 def _rms_norm(x: Tensor, weight: Tensor) -> Tensor:
@@ -86,9 +82,7 @@ def test_gradients_calibrated_for_the_logits_not_a_cache_returned_first(
     ids = torch.randint(vocab, (16, 32), generator=torch.Generator().manual_seed(1))
     *_, logits = scaled(ids)
     unit_backward(logits, seed=2)
-    grads = {
-        n: _rms(p.grad) for n, p in scaled.named_parameters() if p.grad is not None
-    }
+    grads = {n: rms(p.grad) for n, p in scaled.named_parameters() if p.grad is not None}
     off = {n: round(g, 3) for n, g in grads.items() if not 0.5 <= g <= 2}
     assert not off, off
     assert {"q.weight", "k.weight", "v.weight", "q_norm", "k_norm"} <= set(grads)
@@ -145,9 +139,9 @@ def test_bias_before_a_batch_norm_keeps_its_zero_gradient() -> None:
     out = scaled(torch.randn(2, 16))
     unit_backward(out, seed=1)
     assert scaled[0].bias.grad is not None and scaled[3].bias.grad is not None
-    assert _rms(scaled[0].bias.grad) < 1e-2  # (calibrated, they would be ~1)
-    assert _rms(scaled[3].bias.grad) < 1e-2
-    assert 0.5 <= _rms(scaled[5].bias.grad) <= 2
+    assert rms(scaled[0].bias.grad) < 1e-2  # (calibrated, they would be ~1)
+    assert rms(scaled[3].bias.grad) < 1e-2
+    assert 0.5 <= rms(scaled[5].bias.grad) <= 2
 
 
 def test_named_operator_rule_for_hugging_face_grouped_experts() -> None:
@@ -168,7 +162,7 @@ def test_named_operator_rule_for_hugging_face_grouped_experts() -> None:
     out = scaled(x, offs)
     records = unit_scale_report(scaled).ops
     assert [(r.op, r.how) for r in records] == [("grouped_mm_fallback", "analytic")]
-    assert 0.9 <= _rms(scaled.weight) <= 1.1  # a weight: unit initialised
+    assert 0.9 <= rms(scaled.weight) <= 1.1  # a weight: unit initialised
     torch.testing.assert_close(out, U.grouped_mm(x, scaled.weight, offs=offs))
 
 
