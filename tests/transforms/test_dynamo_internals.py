@@ -165,6 +165,30 @@ def test_recompile_limit_config_exists() -> None:
         assert torch._dynamo.config.specialize_float
 
 
+def test_nested_graph_breaks_resume_inside_the_call() -> None:
+    # The pinned torch has the option, and with it a break inside a called
+    # function no longer re-traces the caller: one frame fewer to compile.
+    assert _dynamo._NESTED_BREAKS == {"nested_graph_breaks": True}
+
+    def inner(x: Tensor) -> Tensor:
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y.cos()
+
+    def outer(x: Tensor) -> Tensor:
+        return inner(x + 1) * 2
+
+    frames = {}
+    for nested in (False, True):
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        with torch._dynamo.config.patch(nested_graph_breaks=nested):
+            out = torch.compile(outer, backend=counter)(torch.ones(3))
+        torch.testing.assert_close(out, outer(torch.ones(3)))
+        frames[nested] = counter.frame_count
+    assert frames[True] < frames[False], frames
+
+
 def test_fresh_forward_has_private_code() -> None:
     first, second = nn.Linear(2, 2), nn.Linear(2, 2)
     a, b = _dynamo.fresh_forward(first), _dynamo.fresh_forward(second)
