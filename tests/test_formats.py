@@ -35,10 +35,25 @@ GENERIC = [
 
 @pytest.fixture(autouse=True)
 def eager() -> Iterator[None]:
-    """Run quantisation eagerly unless a test asks for ``compiled``."""
+    """Run quantisation with torch ops, eagerly, unless a test asks for
+    ``compiled`` or ``native``."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(formats._KERNELS, "min_numel", 1 << 62)
+        patch.setattr(formats, "_native_nearest_args", lambda fmt, x: None)
         yield
+
+
+@pytest.fixture
+def native_kernel(eager: None) -> Iterator[None]:
+    """The C++ round-to-nearest kernel for float32 CPU tensors (it must compile
+    here: the test fails rather than passing on the fallback)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(formats, "_native_nearest_args", NATIVE_ARGS)
+        assert formats._NATIVE_NEAREST.get() is not None, formats._NATIVE_NEAREST.error
+        yield
+
+
+NATIVE_ARGS = formats._native_nearest_args
 
 
 @pytest.fixture
@@ -508,7 +523,42 @@ def test_compiled_kernels_equal_eager(compiled: None) -> None:
     assert formats._KERNELS.error is None
 
 
-def test_traced_by_torch_compile() -> None:
+# The C++ round-to-nearest kernel.
+
+
+@pytest.mark.parametrize("fmt", [FP8_E4M3, FP8_E5M2, *GENERIC], ids=str)
+def test_native_kernel_equals_reference(native_kernel: None, fmt: FPFormat) -> None:
+    served = fmt.mantissa_bits >= 1 and fmt.exponent_bits <= 7
+    top = math.log2(fmt.max_absolute_value) + 2
+    bottom = math.log2(fmt.min_absolute_subnormal) - 3
+    x = torch.cat([spread(20_000, bottom, top, seed=8), edges(fmt)]).float()
+    assert (NATIVE_ARGS(fmt, x) is not None) == served
+    expected = reference_nearest(fmt, x).float()
+    # the vectorised body, its tail (sizes not a multiple of the vector width),
+    # and two threads (one per 2^16 elements)
+    for n in (x.numel(), 7, 21):
+        assert same_bits(fmt.quantise(x[:n]), expected[:n]), n
+    big = x.repeat(7)
+    assert big.numel() >= 2 * formats._NUMEL_PER_THREAD
+    assert same_bits(fmt.quantise(big), expected.repeat(7))
+
+
+def test_native_kernel_takes_only_what_it_serves(native_kernel: None) -> None:
+    x = torch.randn(64)
+    assert NATIVE_ARGS(FP8_E4M3, x) is not None
+    assert NATIVE_ARGS(FP8_E4M3, x.double()) is None
+    assert NATIVE_ARGS(FP8_E4M3, x.bfloat16()) is None
+    assert NATIVE_ARGS(FP8_E4M3, x[::2]) is None  # not contiguous
+    assert NATIVE_ARGS(FPFormat(4, 3, "stochastic"), x) is None
+    assert NATIVE_ARGS(FPFormat(4, 0, "nearest"), x) is None
+    assert NATIVE_ARGS(FPFormat(8, 7, "nearest"), x) is None
+    # strided input goes through a contiguous copy, the result keeps the shape
+    m = spread(600, -12, 10, seed=9).float().reshape(20, 30).t()
+    assert same_bits(FP8_E4M3.quantise(m), native(FP8_E4M3, m))
+
+
+def test_traced_by_torch_compile(native_kernel: None) -> None:
+    # fullgraph: the native kernel's checks must not break the graph
     sr, rn = FPFormat(4, 3, srbits=3), FPFormat(3, 2, "nearest")
 
     def f(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -8,11 +8,12 @@ dynamic), only for tensors large enough to benefit, never while an outer
 ``torch.compile`` is tracing (which fuses the eager kernel itself), and if
 compilation ever fails the owner warns once and runs eagerly from then on.
 
-:class:`NativeKernel` is for the one CPU kernel that ``torch.compile`` serves
-poorly: scale statistics, run on hundreds of tensors per training step, where a
-compiled call's fixed cost (~40 us) and Inductor's code for eleven reductions
-(~1 ms per million elements) dominate. It compiles a hand-written C++ function
-with Inductor's own C++ toolchain.
+:class:`NativeKernel` is for the CPU kernels that ``torch.compile`` serves
+poorly: scale statistics and round-to-nearest quantisation, run on hundreds of
+tensors per training step, where a compiled call's fixed cost (~40-100 us) and
+Inductor's code (eleven reductions; a float8 cast round trip that it does not
+vectorise) dominate. It compiles a hand-written C++ function with Inductor's own
+C++ toolchain.
 """
 
 from __future__ import annotations
@@ -24,7 +25,27 @@ from typing import cast
 import torch
 from torch import Tensor
 
-__all__ = ["CompiledKernels", "NativeKernel"]
+__all__ = ["CompiledKernels", "NativeKernel", "in_memory", "native_threads"]
+
+
+def in_memory(t: Tensor) -> bool:
+    """Whether ``t``'s elements are plain strided memory at ``t.data_ptr()`` (not
+    a fake, meta, functorch-wrapped or dispatch-overriding tensor), outside any
+    ``torch.compile`` trace: what a :class:`NativeKernel` may read."""
+    # Asked first: under a trace, the other checks would break Dynamo's graph.
+    return (
+        not torch.compiler.is_compiling()
+        and t.layout == torch.strided
+        and not t.is_meta
+        and type(t).__torch_dispatch__ is Tensor.__torch_dispatch__
+        and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+    )
+
+
+def native_threads(numel: int, numel_per_thread: int) -> int:
+    """Threads for a native kernel over ``numel`` elements: one per
+    ``numel_per_thread``, at least one, at most torch's intra-op threads."""
+    return max(1, min(torch.get_num_threads(), numel // numel_per_thread))
 
 
 class CompiledKernels:

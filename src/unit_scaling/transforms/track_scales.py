@@ -32,7 +32,7 @@ from torch.fx import Graph, GraphModule, Node
 from torch.fx.node import Target, map_arg
 
 from .. import functional as U
-from .._kernels import CompiledKernels, NativeKernel
+from .._kernels import CompiledKernels, NativeKernel, in_memory, native_threads
 from ..formats import FP8_E4M3, FP8_E5M2
 from ..scale import scale_bwd
 from ._engine import (
@@ -400,30 +400,18 @@ def _rows(t: Tensor) -> tuple[int, int, int] | None:
     return merged[0][1], merged[1][1], merged[0][0]
 
 
-def _in_memory(t: Tensor) -> bool:
-    """Whether ``t``'s elements are plain strided memory at ``t.data_ptr()`` (not
-    a fake, meta, functorch-wrapped or dispatch-overriding tensor)."""
-    return (
-        t.layout == torch.strided
-        and not t.is_meta
-        and type(t).__torch_dispatch__ is Tensor.__torch_dispatch__
-        and not torch._C._functorch.is_functorch_wrapped_tensor(t)
-        and not torch.compiler.is_compiling()
-    )
-
-
 def _raw_statistics(t: Tensor, rows: tuple[int, int, int] | None = None) -> Tensor:
     """The raw statistics of a non-empty tensor: float64 on ``t``'s device.
 
     ``rows``: ``_rows(t)``, if the caller knows it (and ``t`` is in memory).
     """
     kernel = _NATIVE.get() if t.device.type == "cpu" else None
-    if kernel is not None and t.dtype in _NATIVE_DTYPES and _in_memory(t):
+    if kernel is not None and t.dtype in _NATIVE_DTYPES and in_memory(t):
         # The kernel reads memory (no autograd): no need to detach.
         if t.dtype != torch.float32 or (rows := rows or _rows(t)) is None:
             t = t.detach().float().contiguous()
             rows = 1, t.numel(), t.numel()
-        threads = min(torch.get_num_threads(), t.numel() // _NUMEL_PER_THREAD)
+        threads = native_threads(t.numel(), _NUMEL_PER_THREAD)
         out = torch.empty(len(_RAW_FIELDS), dtype=torch.float64)
         kernel(t, out, *rows, threads)
         return out
@@ -596,7 +584,7 @@ class _TrackingPass(StatefulPass):
         # the same memory, element layout (views reordering them have the same
         # rows) and type, and no in-place change since (the version counter,
         # shared by views).
-        if value.is_inference() or not _in_memory(value):
+        if value.is_inference() or not in_memory(value):
             return _record(value)
         rows = _rows(value)
         layout = rows or (value.shape, value.stride())
