@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 import unit_scaling as uu
-from unit_scaling.baseline import StandardTransformerDecoder
+from unit_scaling.app.baseline import StandardTransformerDecoder
 
 from ._measure import (
     interleaved_times,

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 import unit_scaling as uu
-from unit_scaling.baseline import StandardTransformerDecoder
+from unit_scaling.app.baseline import StandardTransformerDecoder
 from unit_scaling.data import VOCAB_SIZE, Corpus
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"

@@ -22,7 +22,7 @@ import torch
 
 import unit_scaling as uu
 from unit_scaling.analysis import coord_check, coord_check_spread, plot_coord_check
-from unit_scaling.baseline import StandardTransformerDecoder
+from unit_scaling.app.baseline import StandardTransformerDecoder
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, LAYERS, HEAD_SIZE = 256, 2, 32

@@ -1,7 +1,8 @@
 """The training-step benchmark runs, in one process and across fresh processes.
 
 Timings are not asserted (they belong to ``make bench``); the table's shape and
-the aggregation over processes are.
+the aggregation over processes are. The end-to-end runs start fresh processes
+that train for a round: ``slow``, out of the default run.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 ROOT = Path(__file__).parents[1]
 
 
+@pytest.mark.slow
 def test_train_step_over_processes_reports_median_and_range() -> None:
     command = [sys.executable, "-m", "benchmarks.train_step", "--rounds", "1"]
     command += ["--no-compile", "--processes", "2"]
@@ -88,6 +90,7 @@ def test_eager_gap_swaps_are_restored_and_change_the_ops(
         eager_gap.run(rounds=1, processes=1, configs=["bogus"])
 
 
+@pytest.mark.slow
 def test_eager_gap_reports_each_configuration() -> None:
     command = [sys.executable, "-m", "benchmarks.eager_gap", "--rounds", "1"]
     command += ["--processes", "1", "--configs", "u-μP as is", "plain linear"]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from unit_scaling import demo
-from unit_scaling.cli import main
+from unit_scaling.app import demo
+from unit_scaling.app.cli import main
 
 
 @pytest.fixture(scope="module")

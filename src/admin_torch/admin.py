@@ -25,7 +25,8 @@ import math
 import torch
 from torch import nn
 
-from .residual import OmegaResidual, _check_embed_dim
+from ._checks import check_embed_dim
+from .residual import OmegaResidual
 
 __all__ = [
     "OUTPUT_CHANGE_SCALES",
@@ -277,6 +278,6 @@ def as_parameter(
         torch.Size([10, 2, 16])
     """
     _check_network(network)
-    size = _check_embed_dim(embed_dim)
+    size = check_embed_dim(embed_dim)
     omega = calculate_init(num_res_layers, output_change_scale)
     network.register_parameter(parameter_name, nn.Parameter(torch.full((size,), omega)))

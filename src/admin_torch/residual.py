@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ._checks import check_embed_dim
+
 __all__ = ["OmegaResidual"]
 
 
@@ -16,20 +18,6 @@ def _check_omega(init_value: float) -> float:
     if not (math.isfinite(init_value) and init_value > 0):
         raise ValueError(f"init_value must be finite and positive, got {init_value}")
     return float(init_value)
-
-
-def _check_embed_dim(embed_dim: int | None) -> int:
-    if embed_dim is None:
-        raise ValueError(
-            "embed_dim is required when omega is a trainable parameter "
-            "(as_parameter=True): pass the hidden size of the shortcut, "
-            "e.g. embed_dim=512"
-        )
-    if isinstance(embed_dim, bool) or not isinstance(embed_dim, int):
-        raise TypeError(f"embed_dim must be an int, got {type(embed_dim).__name__}")
-    if embed_dim <= 0:
-        raise ValueError(f"embed_dim must be positive, got {embed_dim}")
-    return embed_dim
 
 
 class OmegaResidual(nn.Module):
@@ -77,7 +65,7 @@ class OmegaResidual(nn.Module):
         super().__init__()
         value = _check_omega(init_value)
         if as_parameter:
-            size = _check_embed_dim(embed_dim)
+            size = check_embed_dim(embed_dim)
             self.omega = nn.Parameter(torch.full((size,), value))
         else:
             self.register_buffer("omega", torch.tensor(value))

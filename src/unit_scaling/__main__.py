@@ -1,7 +1,7 @@
-"""``python -m unit_scaling``: see :mod:`unit_scaling.cli`."""
+"""``python -m unit_scaling``: see :mod:`unit_scaling.app.cli`."""
 
 import sys
 
-from .cli import main
+from .app.cli import main
 
 sys.exit(main())

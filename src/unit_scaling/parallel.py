@@ -54,7 +54,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp import fully_shard as _torch_fully_shard
 
 from .optim import mup_tags
-from .parameter import _retag
+from .parameter import retag
 
 __all__ = ["allreduce_hook", "fully_shard"]
 
@@ -106,7 +106,7 @@ def fully_shard(module: nn.Module, **kwargs: Any) -> FSDPModule:
     sharded = _torch_fully_shard(module, **kwargs)
     params = dict(module.named_parameters())
     for name, (mup_type, depth) in tags.items():
-        _retag(params[name], mup_type, depth)
+        retag(params[name], mup_type, depth)
     size = _data_parallel_size(kwargs.get("mesh"), kwargs.get("dp_mesh_dims"))
     sharded.set_gradient_divide_factor(math.sqrt(size))
     # With a divide factor torch reduces with PREMUL_SUM, which gloo lacks; a sum

@@ -12,8 +12,6 @@ is an :class:`torch.nn.Parameter` that carries both tags through ``deepcopy``,
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any, Literal, Protocol, TypeGuard, get_args, runtime_checkable
 
 import torch
@@ -164,7 +162,7 @@ class Parameter(nn.Parameter):
         return f"Parameter({tags}) containing:\n{self.data!r}"
 
 
-def _retag(param: Tensor, mup_type: MupType, mup_scaling_depth: int | None) -> None:
+def retag(param: Tensor, mup_type: MupType, mup_scaling_depth: int | None) -> None:
     """Put u-μP tags back on ``param``, in place, after torch replaced a parameter.
 
     A plain ``nn.Parameter`` becomes a :class:`Parameter` again by changing its
@@ -172,45 +170,19 @@ def _retag(param: Tensor, mup_type: MupType, mup_scaling_depth: int | None) -> N
     optimizers and FSDP hold stays the same. Any other parameter (a DTensor under
     FSDP2) keeps its class and gets the tags as attributes, which is all
     :func:`has_parameter_data` and the optimizers read.
+
+    Example::
+
+        >>> p = nn.Parameter(torch.zeros(2))
+        >>> retag(p, "bias", None)
+        >>> type(p).__name__, p.mup_type
+        ('Parameter', 'bias')
     """
     _check_tags(mup_type, mup_scaling_depth)
     if type(param) is nn.Parameter:
         param.__class__ = Parameter
     param.mup_type = mup_type  # type: ignore[attr-defined]
     param.mup_scaling_depth = mup_scaling_depth  # type: ignore[attr-defined]
-
-
-@contextmanager
-def _own_tags_kept(module: nn.Module) -> Iterator[None]:
-    """Re-tag ``module``'s own parameters that the body replaced by untagged ones."""
-    saved = {
-        name: (p.mup_type, p.mup_scaling_depth)
-        for name, p in module._parameters.items()
-        if has_parameter_data(p)
-    }
-    yield
-    for name, (mup_type, depth) in saved.items():
-        param = module._parameters.get(name)
-        if param is not None and not has_parameter_data(param):
-            _retag(param, mup_type, depth)
-
-
-class _KeepsTags(nn.Module):
-    """Base of the unit-scaled modules that own tagged parameters.
-
-    ``nn.Module._apply`` installs new, untagged parameter objects on
-    ``to("meta")``, ``to_empty``, conversions in swap mode and for DTensor
-    parameters, and so does ``load_state_dict(assign=True)``; this puts each
-    parameter's tags back afterwards (see :func:`_retag`).
-    """
-
-    def _apply(self, fn: Callable[[Tensor], Tensor], *args: Any, **kwargs: Any) -> Any:
-        with _own_tags_kept(self):
-            return super()._apply(fn, *args, **kwargs)  # type: ignore[no-untyped-call]
-
-    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
-        with _own_tags_kept(self):
-            super()._load_from_state_dict(*args, **kwargs)
 
 
 # Let `torch.load(..., weights_only=True)` (the default) rebuild tagged parameters.

@@ -9,47 +9,11 @@ nothing beyond their product, never synchronise with the host, and trace under
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import Tensor
 
-from ._autograd import Function
+from ._twoway import Scale, scale_twoway
 
 __all__ = ["scale_bwd", "scale_fwd"]
-
-Scale = float | Tensor
-
-
-def _is_one(scale: Scale) -> bool:
-    # Only Python numbers are inspected: looking inside a tensor would sync.
-    return not isinstance(scale, Tensor) and scale == 1
-
-
-class _ScaleFwdBwd(Function):
-    """``y = fwd * x`` whose gradient is ``bwd * grad_y`` (independent scales)."""
-
-    @staticmethod
-    def forward(x: Tensor, fwd: Scale, bwd: Scale) -> Tensor:
-        return x.view_as(x) if _is_one(fwd) else x * fwd
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        ctx.bwd = inputs[2]
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        return (grad if _is_one(ctx.bwd) else grad * ctx.bwd), None, None
-
-
-def _scale(x: Tensor, fwd: Scale, bwd: Scale) -> Tensor:
-    """Scale ``x`` by ``fwd`` in the forward pass and its gradient by ``bwd``.
-
-    Returns ``x`` itself when both scales are the Python number 1.
-    """
-    if _is_one(fwd) and _is_one(bwd):
-        return x
-    out: Tensor = _ScaleFwdBwd.apply(x, fwd, bwd)
-    return out
 
 
 def scale_fwd(input: Tensor, scale: Scale) -> Tensor:
@@ -69,7 +33,7 @@ def scale_fwd(input: Tensor, scale: Scale) -> Tensor:
         >>> y.tolist(), x.grad.tolist()
         ([2.0, 2.0, 2.0], [1.0, 1.0, 1.0])
     """
-    return _scale(input, scale, 1.0)
+    return scale_twoway(input, scale, 1.0)
 
 
 def scale_bwd(input: Tensor, scale: Scale) -> Tensor:
@@ -88,4 +52,4 @@ def scale_bwd(input: Tensor, scale: Scale) -> Tensor:
         >>> x.grad.tolist()
         [2.0, 2.0, 2.0]
     """
-    return _scale(input, 1.0, scale)
+    return scale_twoway(input, 1.0, scale)

@@ -10,7 +10,6 @@ import itertools
 import operator
 import re
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,50 +17,10 @@ from torch import Tensor, nn
 from torch.fx import Graph, Node
 from torch.utils import _pytree as pytree
 
+from ._fx_names import BINARY_OPERATORS, target_name
 from .transforms import track_scales
 
 __all__ = ["analyse_module"]
-
-# Operators rendered as Python syntax rather than as calls.
-_BINARY_OPERATORS: dict[Callable[..., Any], str] = {
-    operator.add: "+",
-    operator.iadd: "+",
-    operator.sub: "-",
-    operator.mul: "*",
-    operator.truediv: "/",
-    operator.floordiv: "//",
-    operator.pow: "**",
-    operator.matmul: "@",
-}
-# Prefixes under which users usually import these modules.
-_MODULE_ALIASES = {
-    "torch.nn.functional": "F",
-    "torch._C._nn": "F",
-    "unit_scaling.functional": "U",
-    "unit_scaling.core.functional": "U",
-}
-
-
-def _target_name(node: Node) -> str:
-    """A short readable name of what ``node`` computes, e.g. ``"U.linear"``."""
-    target = node.target
-    if node.op in ("placeholder", "output"):
-        return node.op
-    if node.op == "call_method" or isinstance(target, str):
-        return str(target)
-    if target in _BINARY_OPERATORS or target is operator.getitem:
-        return getattr(target, "__name__", str(target))
-    name = getattr(target, "__name__", None)
-    if name is None:
-        return str(target)
-    module = getattr(target, "__module__", None) or ""
-    if module.startswith("unit_scaling.functional"):
-        module = "unit_scaling.functional"
-    if module in _MODULE_ALIASES:
-        return f"{_MODULE_ALIASES[module]}.{name}"
-    if module.startswith("torch") or getattr(target, "__self__", None) is torch:
-        return f"torch.{name}"
-    return str(name)
 
 
 def _reference_names(graph: Graph) -> dict[Node, str]:
@@ -110,8 +69,8 @@ def _expression(node: Node, names: dict[Node, str]) -> str:
     args = [_format_arg(a, names) for a in node.args]
     args += [f"{k}={_format_arg(v, names)}" for k, v in node.kwargs.items()]
     target = node.target
-    if node.op == "call_function" and target in _BINARY_OPERATORS and len(args) == 2:
-        return f"{args[0]} {_BINARY_OPERATORS[target]} {args[1]}"
+    if node.op == "call_function" and target in BINARY_OPERATORS and len(args) == 2:
+        return f"{args[0]} {BINARY_OPERATORS[target]} {args[1]}"
     if node.op == "call_function" and target is operator.getitem and len(args) == 2:
         index = node.args[1]
         inner = args[1][1:-1] if isinstance(index, tuple) and index else args[1]
@@ -122,7 +81,7 @@ def _expression(node: Node, names: dict[Node, str]) -> str:
         return f"self.{target}({', '.join(args)})"
     if node.op == "get_attr":
         return f"self.{target}"
-    return f"{_target_name(node)}({', '.join(args)})"
+    return f"{target_name(node)}({', '.join(args)})"
 
 
 def _annotation(node: Node) -> str:

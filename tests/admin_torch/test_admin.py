@@ -126,11 +126,21 @@ def test_documented_example_trains() -> None:
 
     torch.manual_seed(0)
     model = nn.Sequential(Layer(), Layer())
-    before = model[0].attn_omega.detach().clone()
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    model(torch.randn(5, 3, dim)).pow(2).mean().backward()
-    opt.step()
-    assert not torch.equal(model[0].attn_omega, before)
+    # Admin's initial omega for a 4-layer stack, on every channel
+    expected = admin_torch.calculate_init(4)
+    torch.testing.assert_close(model[0].attn_omega, torch.full((dim,), expected))
+    x, target = torch.randn(5, 3, dim), torch.randn(5, 3, dim)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    losses = []
+    for _ in range(40):
+        opt.zero_grad()
+        loss = (model(x) - target).pow(2).mean()
+        loss.backward()
+        assert model[0].attn_omega.grad is not None
+        assert model[0].attn_omega.grad.abs().sum() > 0  # omega is trained
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0], losses
 
 
 @pytest.mark.parametrize("scale", ["O(log n)", "o(1)", "", "linear"])

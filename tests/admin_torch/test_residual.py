@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-from torch import nn
 
 from admin_torch import OmegaResidual
 
@@ -96,5 +95,17 @@ def test_errors() -> None:
         OmegaResidual(1.0)(torch.zeros(2))  # type: ignore[call-arg]
 
 
-def test_is_an_nn_module() -> None:
-    assert isinstance(OmegaResidual(1.0), nn.Module)
+def test_omega_is_module_state() -> None:
+    # A fixed omega is a buffer, a trainable one a parameter: both are saved,
+    # loaded and converted with the module, and only the parameter is trained.
+    fixed = OmegaResidual(3.0)
+    trained = OmegaResidual(3.0, as_parameter=True, embed_dim=4)
+    assert list(fixed.state_dict()) == ["omega"] and not list(fixed.parameters())
+    assert [p is trained.omega for p in trained.parameters()] == [True]
+    fixed.double()
+    assert fixed.omega.dtype == torch.float64
+    copy = OmegaResidual(1.0)
+    copy.load_state_dict(fixed.state_dict())
+    assert copy.omega.item() == 3.0
+    x, f_x = torch.randn(2, 4), torch.randn(2, 4)
+    torch.testing.assert_close(copy(x.double(), f_x.double()), 3 * x.double() + f_x)

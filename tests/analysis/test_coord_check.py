@@ -12,7 +12,7 @@ from torch import nn
 
 import unit_scaling as uu
 from unit_scaling.analysis import coord_check, coord_check_spread, plot_coord_check
-from unit_scaling.baseline import StandardTransformerDecoder
+from unit_scaling.app.baseline import StandardTransformerDecoder
 
 WIDTHS = [32, 64, 128]
 STEPS = 2

@@ -95,7 +95,7 @@ def test_reductions_gradcheck() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"dim": 3}, "dim=3 is out of range"),
+        ({"dim": 3}, r"dim=3 is out of range .* \[-3, 2\]"),
         ({"dim": (0, -3)}, r"dim=\(0, -3\) repeats a dimension"),
         ({"constraint": "to_left_grad_scale"}, "exactly 3 scales"),
         ({"constraint": "median"}, "not a known constraint"),
@@ -105,5 +105,6 @@ def test_reductions_gradcheck() -> None:
 def test_reductions_reject_bad_arguments(
     op: str, kwargs: dict[str, Any], match: str
 ) -> None:
-    with pytest.raises(ValueError, match=match):
+    error = IndexError if "out of range" in match else ValueError
+    with pytest.raises(error, match=match):
         getattr(U, op)(randn(2, 3, 4), **kwargs)

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 import unit_scaling as uu
-from unit_scaling.baseline import StandardTransformerDecoder
+from unit_scaling.app.baseline import StandardTransformerDecoder
 from unit_scaling.data import VOCAB_SIZE
 
 from ._reference import HEADS, LAYERS, LR, STEPS, WIDTH, global_batches, make_model

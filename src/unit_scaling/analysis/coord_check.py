@@ -21,7 +21,8 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
-from .visualiser import LossFn, _corpus, language_model_loss
+from ._corpus import analysis_corpus
+from .visualiser import LossFn, language_model_loss
 
 __all__ = ["coord_check", "coord_check_spread", "plot_coord_check"]
 
@@ -163,7 +164,7 @@ def coord_check(
             f"widths must be a non-empty list of positive ints, got {widths}"
         )
     loss_fn = loss_fn or language_model_loss
-    corpus = _corpus()
+    corpus = analysis_corpus()
     rows: list[dict[str, Any]] = []
     for width in widths:
         torch.manual_seed(seed)

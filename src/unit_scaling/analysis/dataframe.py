@@ -7,8 +7,8 @@ import dataclasses
 import pandas as pd  # type: ignore[import-untyped,unused-ignore]
 from torch.fx import Graph
 
+from .._fx_names import target_name
 from ..transforms import Metrics
-from ..utils import _target_name
 from ._graph import tracked_nodes
 
 __all__ = ["graph_to_dataframe"]
@@ -54,7 +54,7 @@ def graph_to_dataframe(graph: Graph) -> pd.DataFrame:
             "name": node.meta.get("clean_name", node.name),
             "node": node.name,
             "op": node.op,
-            "target": _target_name(node),
+            "target": target_name(node),
             "requires_grad": bool(node.meta.get("requires_grad", False)),
         }
         for direction, data in (("fwd", metrics.fwd), ("bwd", metrics.bwd)):

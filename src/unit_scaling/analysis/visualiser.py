@@ -12,18 +12,13 @@ from matplotlib.axes import Axes
 from torch import Tensor, nn
 from torch.fx import Graph
 
-from ..data import Corpus
 from ..transforms import track_scales
+from ._corpus import analysis_corpus
 from .plot import plot
 
 __all__ = ["example_batch", "language_model_loss", "scales_graph", "visualiser"]
 
 LossFn = Callable[[nn.Module, Tensor], Tensor]
-
-
-def _corpus() -> Corpus:
-    # A 1 MiB slice of the corpus: plenty for analysis batches, and quick to read.
-    return Corpus(max_bytes=2**20)
 
 
 def example_batch(
@@ -57,7 +52,7 @@ def example_batch(
         >>> example_batch(2, 16).shape
         torch.Size([2, 17])
     """
-    return _corpus().get_batch(split, batch_size, seq_len, seed, device=device)
+    return analysis_corpus().get_batch(split, batch_size, seq_len, seed, device=device)
 
 
 def _logits(output: Any) -> Tensor:

@@ -74,6 +74,11 @@ def logarithmic_interpolation(alpha: float, lower: float, upper: float) -> float
         >>> logarithmic_interpolation(0.5, 1.0, 4.0)
         2.0
     """
+    if not (lower > 0 and upper > 0):
+        raise ValueError(
+            "logarithmic_interpolation: lower and upper must be positive (it "
+            f"interpolates their logarithms), got lower={lower!r}, upper={upper!r}"
+        )
     return math.exp(alpha * math.log(upper) + (1 - alpha) * math.log(lower))
 
 
@@ -129,10 +134,25 @@ def transformer_residual_scaling_rule(
         >>> round(tau(0, 4), 4)  # first branch of a 2-layer transformer
         0.7071
     """
+    for name, value in (
+        ("residual_mult", residual_mult),
+        ("residual_attn_ratio", residual_attn_ratio),
+    ):
+        if not (isinstance(value, int | float) and 0 <= value < math.inf):
+            raise ValueError(
+                f"transformer_residual_scaling_rule: {name} must be a finite, "
+                f"non-negative number, got {value!r}"
+            )
     a_mlp = residual_mult * math.sqrt(2 / (1 + residual_attn_ratio**2))
     a_attn = residual_attn_ratio * a_mlp
 
     def tau(index: int, layers: int) -> float:
+        if not 0 <= index < layers:
+            raise ValueError(
+                f"residual scaling rule: expected 0 <= index < layers (index counts "
+                f"the residual branches, layers is their number), got "
+                f"index={index}, layers={layers}"
+            )
         n_attn = (index + 1) // 2
         n_mlp = index // 2
         a = a_attn if index % 2 == 0 else a_mlp

@@ -12,6 +12,8 @@ from ..constraints import validate_constraint
 
 __all__ = [
     "autocast_inputs",
+    "check_dim",
+    "check_mult",
     "expand_size",
     "reject_unsupported",
     "spatial_shape",
@@ -78,3 +80,27 @@ def spatial_shape(op: str, input: Tensor, n: int) -> tuple[int, ...]:
             f"{n} spatial dims, got {tuple(input.shape)}"
         )
     return tuple(input.shape[-n:])
+
+
+def check_mult(op: str, mult: float) -> None:
+    """Raise a ``ValueError`` naming ``U.<op>`` unless ``mult`` is positive."""
+    if not mult > 0:
+        raise ValueError(
+            f"U.{op}: mult must be a positive number (it is a temperature that "
+            f"multiplies the input), got mult={mult!r}"
+        )
+
+
+def check_dim(op: str, dim: int, input: Tensor, name: str = "dim") -> int:
+    """``dim`` as a non-negative index into ``input``'s dimensions; an
+    ``IndexError`` naming ``U.<op>``, the argument and the valid range (as torch
+    raises it) if it is out of range. A 0-d tensor takes ``dim`` 0 or -1."""
+    rank = max(input.dim(), 1)
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"U.{op}: {name} must be an int, got {type(dim).__name__}")
+    if not -rank <= dim < rank:
+        raise IndexError(
+            f"U.{op}: {name}={dim} is out of range for input of shape "
+            f"{tuple(input.shape)} (expected a dimension in [{-rank}, {rank - 1}])"
+        )
+    return dim % rank

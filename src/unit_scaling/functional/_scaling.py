@@ -20,10 +20,17 @@ from typing import Any, TypeVar, cast
 import torch
 from torch import Tensor
 
+from .._twoway import scale_twoway
 from ..constraints import apply_constraint
-from ..scale import _scale, scale_bwd
+from ..scale import scale_bwd
 
-__all__ = ["fold_scales", "memoise", "normal_expectation", "scaled_unary"]
+__all__ = [
+    "fold_scales",
+    "memoise",
+    "normal_expectation",
+    "scaled_unary",
+    "sigmoid_of_log",
+]
 
 R = TypeVar("R")
 Out = TypeVar("Out", bound=Tensor | tuple[Tensor, Tensor])
@@ -54,10 +61,10 @@ def scaled_unary(
     """
     alpha, beta = apply_constraint(constraint, output_scale, grad_scale)
     if scale_input:
-        x = _scale(input, alpha * input_mult, beta * input_mult)
+        x = scale_twoway(input, alpha * input_mult, beta * input_mult)
         out_mult = output_mult
     else:
-        x = _scale(input, input_mult, input_mult * beta / alpha)
+        x = scale_twoway(input, input_mult, input_mult * beta / alpha)
         out_mult = alpha * output_mult
     y = f(x)
     if out_mult == 1:
@@ -84,9 +91,9 @@ def fold_scales(
     needs its own op only when its gradient scale differs from the output's.
     """
     input = scale_bwd(input, grad_input_scale / output_scale)
-    weight = _scale(weight, output_scale, grad_weight_scale)
+    weight = scale_twoway(weight, output_scale, grad_weight_scale)
     if bias is not None:
-        bias = _scale(bias, output_scale, grad_bias_scale)
+        bias = scale_twoway(bias, output_scale, grad_bias_scale)
     return input, weight, bias
 
 
@@ -155,3 +162,11 @@ def normal_expectation(
         x = i * step
         total += f(x) * math.exp(-0.5 * x * x)
     return total * step / math.sqrt(2 * math.pi)
+
+
+def sigmoid_of_log(z: float) -> float:
+    """``sigmoid(ln z) = z / (1 + z)``, the interpolation weight of the u-μP models.
+
+    Written without the logarithm so that ``z = 0`` gives weight 0.
+    """
+    return z / (1 + z)

@@ -37,8 +37,8 @@ from torch import Tensor
 
 from .._autograd import Function
 from ..core.functional import logarithmic_interpolation
-from ._checks import validate_constraint
-from ._scaling import scaled_unary
+from ._checks import check_dim, check_mult, validate_constraint
+from ._scaling import scaled_unary, sigmoid_of_log
 
 __all__ = ["dropout", "gelu", "relu", "sigmoid", "silu", "silu_glu", "softmax", "tanh"]
 
@@ -53,22 +53,6 @@ _TANH_OUTPUT_SCALE = 1.592537
 _TANH_GRAD_SCALE = 1.467414
 _SIGMOID_OUTPUT_SCALE = 4.801313
 _SIGMOID_GRAD_SCALE = 4.722646
-
-
-def _sigmoid_of_log(z: float) -> float:
-    """``sigmoid(ln z) = z / (1 + z)``, the interpolation weight of the u-μP models.
-
-    Written without the logarithm so that ``z = 0`` gives weight 0.
-    """
-    return z / (1 + z)
-
-
-def _check_mult(op: str, mult: float) -> None:
-    if not mult > 0:
-        raise ValueError(
-            f"U.{op}: mult must be a positive number (it is a temperature that "
-            f"multiplies the input), got mult={mult!r}"
-        )
 
 
 def gelu(
@@ -108,8 +92,8 @@ def gelu(
         1.0
     """
     validate_constraint(constraint)
-    _check_mult("gelu", mult)
-    w = _sigmoid_of_log(4 * mult**2)
+    check_mult("gelu", mult)
+    w = sigmoid_of_log(4 * mult**2)
     output_scale = logarithmic_interpolation(w, lower=2.0, upper=_RELU_OUTPUT_SCALE)
     grad_scale = logarithmic_interpolation(w, lower=2.0, upper=_RELU_GRAD_SCALE)
     return scaled_unary(
@@ -160,12 +144,12 @@ def silu(
         1.0
     """
     validate_constraint(constraint)
-    _check_mult("silu", mult)
+    check_mult("silu", mult)
     output_scale = logarithmic_interpolation(
-        _sigmoid_of_log(4 * mult**2), lower=2.0, upper=_RELU_OUTPUT_SCALE
+        sigmoid_of_log(4 * mult**2), lower=2.0, upper=_RELU_OUTPUT_SCALE
     )
     grad_scale = logarithmic_interpolation(
-        _sigmoid_of_log(mult**2), lower=2.0, upper=_RELU_GRAD_SCALE
+        sigmoid_of_log(mult**2), lower=2.0, upper=_RELU_GRAD_SCALE
     )
     # SiLU's backward needs its input, which the in-place write would overwrite.
     source = input.clone() if inplace and mult == 1 else input
@@ -204,14 +188,14 @@ def silu_glu(input: Tensor, gate: Tensor, mult: float = 1.0) -> Tensor:
         >>> round(y.std().item(), 1)
         1.0
     """
-    _check_mult("silu_glu", mult)
+    check_mult("silu_glu", mult)
     if input.shape != gate.shape:
         raise ValueError(
             "U.silu_glu: input and gate must have the same shape, got "
             f"{tuple(input.shape)} and {tuple(gate.shape)}"
         )
     scale = logarithmic_interpolation(
-        _sigmoid_of_log(mult**2), lower=2.0, upper=_RELU_GRAD_SCALE
+        sigmoid_of_log(mult**2), lower=2.0, upper=_RELU_GRAD_SCALE
     )
     out, _ = _SiluGluFn.apply(input, gate, mult, scale / mult)
     return cast(Tensor, out)
@@ -415,7 +399,7 @@ def softmax(
         0.9
     """
     validate_constraint(constraint)
-    _check_mult("softmax", mult)
+    check_mult("softmax", mult)
     if isinstance(_stacklevel, torch.dtype):
         dtype = _stacklevel
     if dim is None:
@@ -426,8 +410,9 @@ def softmax(
             stacklevel=2,
         )
         dim = _implicit_softmax_dim(input.dim())
-    n = input.shape[dim] if input.dim() > 0 else 1
-    w = _sigmoid_of_log(mult**2 / 4)
+    check_dim("softmax", dim, input)
+    n = max(input.shape[dim], 1) if input.dim() > 0 else 1  # empty: any scale
+    w = sigmoid_of_log(mult**2 / 4)
     output_scale = logarithmic_interpolation(w, lower=n, upper=math.sqrt(n))
     grad_scale = logarithmic_interpolation(w, lower=n / mult, upper=math.sqrt(n / mult))
     return scaled_unary(

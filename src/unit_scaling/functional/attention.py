@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..core.functional import logarithmic_interpolation
-from .activations import _check_mult, _sigmoid_of_log
+from ._checks import check_mult
+from ._scaling import sigmoid_of_log
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -121,7 +122,7 @@ def scaled_dot_product_attention(
         >>> round(y.std().item(), 1)
         1.0
     """
-    _check_mult("scaled_dot_product_attention", mult)
+    check_mult("scaled_dot_product_attention", mult)
     _check_attention_shapes(query, key, value, enable_gqa)
     if not 0 <= dropout_p <= 1:
         raise ValueError(
@@ -137,7 +138,7 @@ def scaled_dot_product_attention(
     s = max(key.shape[-2], 1)
     if scale is not None:
         mult = mult * scale * d
-    w = _sigmoid_of_log(mult**2 / (4 * d))
+    w = sigmoid_of_log(mult**2 / (4 * d))
     c: float | Tensor
     if attn_mask is None:
         spread = max(math.log(s), 1.0) if is_causal else 1.0

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._twoway import scale_twoway
 from ..constraints import apply_constraint
-from ..scale import _scale
 from ._checks import validate_constraint
 
 __all__ = ["grouped_mm"]
@@ -184,7 +184,7 @@ def grouped_mm(
         constraint, max(k, 1) ** -0.5, max(n, 1) ** -0.5, max(rows, 1.0) ** -0.5
     )
     # alpha rides on a's forward, so b's gradient (a product with a) needs 1/alpha.
-    a = _scale(mat_a, alpha, beta_a)
-    b = _scale(mat_b, 1.0, beta_b / alpha)
+    a = scale_twoway(mat_a, alpha, beta_a)
+    b = scale_twoway(mat_b, 1.0, beta_b / alpha)
     out = _product(a, b, offs)
     return out if out_dtype is None else out.to(out_dtype)

@@ -14,12 +14,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .._autograd import Function
 from ..constraints import apply_constraint
 from ..scale import scale_bwd, scale_fwd
 from ._checks import autocast_inputs, validate_constraint
+from ._scaling import fold_scales
 
 __all__ = ["bmm", "einsum", "linear", "linear_readout", "matmul"]
 
@@ -199,7 +201,7 @@ def linear(
         _check_linear_args("linear", input, weight, bias)
     if type(scale_power) is not tuple:
         scale_power = tuple(scale_power)  # type: ignore[assignment]
-    shape = (weight.shape[0], weight.shape[1], input.numel() // weight.shape[1])
+    shape = (weight.shape[0], weight.shape[1], input.numel())
     scales = (
         _linear_scales if not torch.compiler.is_compiling() else _compute_linear_scales
     )(constraint, scale_power, *shape)
@@ -207,6 +209,11 @@ def linear(
         input, weight, bias = cast(
             tuple[Tensor, Tensor, Tensor | None], autocast_inputs(input, weight, bias)
         )
+    if input.numel() == 0 or weight.numel() == 0:
+        # Zero-size operands: the GEMM placeholders of _ScaledLinearFn would not
+        # broadcast, and speed does not matter. The same function as torch ops.
+        input, weight, bias = fold_scales(input, weight, bias, *scales, scales[2])
+        return F.linear(input, weight, bias)
     out: Tensor = _ScaledLinearFn.apply(input, weight, bias, *scales)
     return out
 
@@ -216,14 +223,17 @@ def _compute_linear_scales(
     scale_power: tuple[float, float, float],
     fan_out: int,
     fan_in: int,
-    batch: int,
+    input_numel: int,
 ) -> tuple[float, float, float]:
-    """``(output, grad_input, grad_weight)`` scales of :func:`linear`."""
+    """``(output, grad_input, grad_weight)`` scales of :func:`linear`. A
+    zero-size dimension (empty output or gradient, as torch allows) counts as 1."""
     validate_constraint(constraint)
+    fan_out, fan_in = max(fan_out, 1), max(fan_in, 1)
+    batch = max(input_numel // fan_in, 1)
     output_scale, grad_input_scale = apply_constraint(
         constraint, fan_in ** -scale_power[0], fan_out ** -scale_power[1]
     )
-    return output_scale, grad_input_scale, max(batch, 1) ** -scale_power[2]
+    return output_scale, grad_input_scale, batch ** -scale_power[2]
 
 
 # Memoised for eager mode, where a model calls `linear` with a handful of distinct

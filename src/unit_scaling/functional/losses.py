@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..scale import _scale, scale_bwd
-from ._checks import reject_unsupported
-from .activations import _check_mult
+from .._twoway import scale_twoway
+from ..scale import scale_bwd
+from ._checks import check_mult, reject_unsupported
 
 __all__ = ["cross_entropy", "mse_loss"]
 
@@ -113,7 +113,7 @@ def cross_entropy(
         label_smoothing=(label_smoothing, 0.0),
     )
     _check_reduction("cross_entropy", reduction)
-    _check_mult("cross_entropy", mult)
+    check_mult("cross_entropy", mult)
     _check_class_targets(input, target)
     num_classes = input.shape[1] if input.dim() >= 2 else input.shape[0]
     grad_scale = num_classes / math.sqrt(num_classes - 1) if num_classes > 1 else 1.0
@@ -129,7 +129,7 @@ def cross_entropy(
     if reduction == "sum":
         return scale_bwd(loss, grad_scale)
     count = (target != ignore_index).sum()
-    return _scale(loss, count.reciprocal().to(loss.dtype), grad_scale)
+    return scale_twoway(loss, count.reciprocal().to(loss.dtype), grad_scale)
 
 
 def mse_loss(
@@ -190,4 +190,4 @@ def mse_loss(
     if reduction == "sum":
         return scale_bwd(loss, grad_scale)
     # An empty mean is NaN, as in torch.
-    return _scale(loss, 1 / numel if numel else math.nan, grad_scale)
+    return scale_twoway(loss, 1 / numel if numel else math.nan, grad_scale)

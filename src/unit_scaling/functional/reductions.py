@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..constraints import apply_constraint
 from ..scale import scale_bwd, scale_fwd
-from ._checks import validate_constraint
+from ._checks import check_dim, validate_constraint
 
 __all__ = ["mean", "sum"]
 
@@ -34,13 +34,7 @@ def _reduced_numel(op: str, input: Tensor, dim: _Dim) -> int:
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
     if not dims:  # torch reduces over every dimension for dim=()
         return input.numel()
-    rank = builtins.max(input.dim(), 1)
-    if any(not -rank <= d < rank for d in dims):
-        raise ValueError(
-            f"U.{op}: dim={dim!r} is out of range for input of shape "
-            f"{tuple(input.shape)}"
-        )
-    normalized = {d % rank for d in dims}
+    normalized = {check_dim(op, d, input) for d in dims}
     if len(normalized) != len(dims):
         raise ValueError(f"U.{op}: dim={dim!r} repeats a dimension")
     shape = input.shape if input.dim() else (1,)

@@ -23,9 +23,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._twoway import scale_twoway
 from ..constraints import apply_constraint
-from ..scale import _scale, scale_bwd
-from ._checks import validate_constraint
+from ..scale import scale_bwd
+from ._checks import check_dim, validate_constraint
 
 __all__ = ["gather", "index_add", "index_select", "scatter_add"]
 
@@ -49,7 +50,7 @@ def _combine_input(
     input: Tensor, output_scale: float, grad_scale: float, input_is_zero: bool
 ) -> Tensor:
     # A zero input needs no forward multiply: the output scale leaves it zero.
-    return _scale(input, 1.0 if input_is_zero else output_scale, grad_scale)
+    return scale_twoway(input, 1.0 if input_is_zero else output_scale, grad_scale)
 
 
 def _check_dims(op: str, expected: str, ok: bool, **tensors: Tensor) -> None:
@@ -105,6 +106,7 @@ def index_add(
         >>> round(y.pow(2).mean().sqrt().item(), 1)
         1.0
     """
+    check_dim("index_add", dim, input)
     validate_constraint(constraint)
     if not input.is_floating_point():
         return torch.index_add(input, dim, index, source, alpha=alpha)
@@ -166,6 +168,7 @@ def scatter_add(
         >>> round(y.pow(2).mean().sqrt().item(), 1)
         1.0
     """
+    check_dim("scatter_add", dim, input)
     validate_constraint(constraint)
     if not input.is_floating_point():
         return torch.scatter_add(input, dim, index, src)
@@ -181,7 +184,7 @@ def scatter_add(
         constraint, index.numel(), input.numel(), input_is_zero
     )
     input = _combine_input(input, sigma, beta_x, input_is_zero)
-    return torch.scatter_add(input, dim, index, _scale(src, sigma, beta_s))
+    return torch.scatter_add(input, dim, index, scale_twoway(src, sigma, beta_s))
 
 
 def gather(
@@ -212,6 +215,7 @@ def gather(
         >>> round(x.grad.pow(2).mean().sqrt().item(), 1)
         1.0
     """
+    check_dim("gather", dim, input)
     if input.is_floating_point():
         _check_dims(
             "gather",
@@ -250,6 +254,7 @@ def index_select(input: Tensor, dim: int, index: Tensor) -> Tensor:
         >>> round(x.grad.pow(2).mean().sqrt().item(), 1)
         1.0
     """
+    check_dim("index_select", dim, input)
     if input.is_floating_point():
         _check_dims(
             "index_select", "1-D index", index.dim() <= 1, input=input, index=index

@@ -17,7 +17,8 @@ from torch.nn.common_types import _size_1_t, _size_2_t, _size_3_t
 
 from .. import functional as U
 from ..constraints import validate_constraint
-from ..parameter import Parameter, _KeepsTags
+from ..parameter import Parameter
+from ._base import KeepsTags
 
 __all__ = [
     "Conv1d",
@@ -29,7 +30,7 @@ __all__ = [
 ]
 
 
-class _UnitConv(_KeepsTags):
+class _UnitConv(KeepsTags):
     """What every unit-scaled convolution adds to its ``nn`` base class."""
 
     weight: Tensor

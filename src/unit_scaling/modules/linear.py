@@ -9,12 +9,13 @@ from torch import Tensor, nn
 
 from .. import functional as U
 from ..constraints import validate_constraint
-from ..parameter import MupType, Parameter, _KeepsTags
+from ..parameter import MupType, Parameter
+from ._base import KeepsTags, check_sizes
 
 __all__ = ["Linear", "LinearReadout"]
 
 
-class Linear(_KeepsTags, nn.Linear):
+class Linear(KeepsTags, nn.Linear):
     """Unit-scaled :class:`torch.nn.Linear`: ``y = U.linear(x, W, b)``.
 
     The weight is initialised ``N(0, 1)`` (the scale lives in the op, not the
@@ -46,6 +47,9 @@ class Linear(_KeepsTags, nn.Linear):
         weight_mup_type: MupType = "weight",
     ) -> None:
         validate_constraint(constraint)
+        check_sizes(
+            type(self).__name__, in_features=in_features, out_features=out_features
+        )
         super().__init__(in_features, out_features, bias, device, dtype)
         self.weight = Parameter(self.weight.data, mup_type=weight_mup_type)
         if self.bias is not None:

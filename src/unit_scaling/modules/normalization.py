@@ -13,7 +13,8 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as U
-from ..parameter import Parameter, _KeepsTags
+from ..parameter import Parameter
+from ._base import KeepsTags
 
 __all__ = [
     "BatchNorm1d",
@@ -37,7 +38,7 @@ def _tag_affine(module: nn.Module) -> None:
         module.bias = Parameter(bias.data, mup_type="bias")
 
 
-class LayerNorm(_KeepsTags, nn.LayerNorm):
+class LayerNorm(KeepsTags, nn.LayerNorm):
     """Unit-scaled :class:`torch.nn.LayerNorm`: ``y = U.layer_norm(x, ...)``.
 
     The output of a norm is already unit-scaled; only the affine gradients are
@@ -68,7 +69,7 @@ class LayerNorm(_KeepsTags, nn.LayerNorm):
         )
 
 
-class RMSNorm(_KeepsTags, nn.RMSNorm):
+class RMSNorm(KeepsTags, nn.RMSNorm):
     """Unit-scaled :class:`torch.nn.RMSNorm`: ``y = U.rms_norm(x, ...)``.
 
     ``elementwise_affine`` defaults to ``False``; when on, the gain is tagged
@@ -96,7 +97,7 @@ class RMSNorm(_KeepsTags, nn.RMSNorm):
         return U.rms_norm(input, self.normalized_shape, self.weight, self.eps)
 
 
-class GroupNorm(_KeepsTags, nn.GroupNorm):
+class GroupNorm(KeepsTags, nn.GroupNorm):
     """Unit-scaled :class:`torch.nn.GroupNorm`: ``y = U.group_norm(x, ...)``.
 
     Affine by default, as in torch: the per-channel gain is tagged ``"norm"``,
@@ -125,7 +126,7 @@ class GroupNorm(_KeepsTags, nn.GroupNorm):
         return U.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
 
 
-class _BatchNorm(_KeepsTags, nn.modules.batchnorm._BatchNorm):
+class _BatchNorm(KeepsTags, nn.modules.batchnorm._BatchNorm):
     """Torch's batch-norm module logic (running statistics, momentum ``None`` as
     a cumulative average, evaluation without running statistics) on
     :func:`~unit_scaling.functional.batch_norm`."""
@@ -201,7 +202,7 @@ class BatchNorm3d(_BatchNorm, nn.BatchNorm3d):
     """
 
 
-class _InstanceNorm(_KeepsTags, nn.modules.instancenorm._InstanceNorm):
+class _InstanceNorm(KeepsTags, nn.modules.instancenorm._InstanceNorm):
     """Torch's instance-norm module (input checks, unbatched input) calling
     :func:`~unit_scaling.functional.instance_norm`."""
 

@@ -9,12 +9,13 @@ from torch import Tensor, nn
 
 from .. import functional as U
 from ..functional._checks import reject_unsupported
-from ..parameter import Parameter, _KeepsTags
+from ..parameter import Parameter
+from ._base import KeepsTags, check_sizes
 
 __all__ = ["Embedding"]
 
 
-class Embedding(_KeepsTags, nn.Embedding):
+class Embedding(KeepsTags, nn.Embedding):
     """Unit-scaled :class:`torch.nn.Embedding`.
 
     The table is ``N(0, 1)`` (torch's default) and tagged ``mup_type="weight"``;
@@ -50,6 +51,9 @@ class Embedding(_KeepsTags, nn.Embedding):
             norm_type=(norm_type, 2.0),
             scale_grad_by_freq=(scale_grad_by_freq, False),
             sparse=(sparse, False),
+        )
+        check_sizes(
+            "Embedding", num_embeddings=num_embeddings, embedding_dim=embedding_dim
         )
         super().__init__(
             num_embeddings,

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from .. import functional as U
 from ..core.functional import transformer_residual_scaling_rule
+from ._base import check_sizes
 from .activation import Dropout
 from .depth import DepthSequential
 from .linear import Linear, LinearReadout
@@ -37,6 +38,7 @@ class MLP(nn.Module):
         self, hidden_size: int, expansion_factor: int = 4, mult: float = 1.0
     ) -> None:
         super().__init__()
+        check_sizes("MLP", hidden_size=hidden_size, expansion_factor=expansion_factor)
         intermediate_size = expansion_factor * hidden_size
         self.linear_1 = Linear(hidden_size, intermediate_size)
         self.linear_gate = Linear(hidden_size, intermediate_size)

@@ -21,12 +21,12 @@ from typing import cast
 import torch
 from torch import nn
 
-from . import optim
+from .. import optim
 from .baseline import StandardTransformerDecoder
-from .data import VOCAB_SIZE, Corpus
-from .modules import TransformerDecoder
+from ..data import VOCAB_SIZE, Corpus
+from ..modules import TransformerDecoder
 from .training import History, train
-from .transforms import simulate_fp8
+from ..transforms import simulate_fp8
 
 __all__ = ["VARIANTS", "DemoConfig", "add_arguments", "config_from_args", "run"]
 
@@ -232,7 +232,7 @@ def _write_outputs(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        from .analysis import visualiser
+        from ..analysis import visualiser
     except ImportError:
         report = config.out / "report.md"
         report.write_text(_report(config, table, images=False))

@@ -98,7 +98,7 @@ def _zoo_model(spec: str) -> Any:
     """The :class:`unit_scaling.zoo.ZooModel` named by ``zoo:<name>``, else None."""
     if not spec.startswith("zoo:"):
         return None
-    from . import zoo
+    from .. import zoo
 
     return zoo.get(spec[4:])
 
@@ -189,8 +189,8 @@ def run(args: argparse.Namespace) -> list[Path]:
     import matplotlib.pyplot as plt
     import pandas as pd  # type: ignore[import-untyped,unused-ignore]
 
-    from .analysis import example_batch, graph_to_dataframe, language_model_loss, plot
-    from .transforms import (
+    from ..analysis import example_batch, graph_to_dataframe, language_model_loss, plot
+    from ..transforms import (
         prune_same_scale_tensors,
         track_scales,
         unit_scale,

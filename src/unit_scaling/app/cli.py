@@ -3,9 +3,9 @@
 Subcommands:
 
 - ``demo``: standard parametrisation vs u-μP, FP32 vs simulated FP8, on the
-  built-in corpus; writes plots and a report (see :mod:`unit_scaling.demo`).
+  built-in corpus; writes plots and a report (see :mod:`unit_scaling.app.demo`).
 - ``report MODEL``: the tensor scales of a model before and after ``unit_scale``
-  (see :mod:`unit_scaling.report`).
+  (see :mod:`unit_scaling.app.report`).
 """
 
 from __future__ import annotations

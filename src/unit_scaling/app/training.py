@@ -6,10 +6,10 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 __all__ = ["History", "evaluate", "train"]
 
@@ -28,6 +28,34 @@ class History:
     def diverged(self) -> bool:
         """True if any recorded loss is not finite."""
         return not all(math.isfinite(x) for x in self.train_loss + self.validation_loss)
+
+
+class _NoBar:
+    """The part of tqdm's bar that :func:`train` uses, doing nothing."""
+
+    def update(self) -> None:
+        pass
+
+    def set_postfix(self, **values: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(steps: int, description: str, progress: bool) -> Any:
+    """A tqdm bar over ``steps``; nothing if ``progress`` is off."""
+    if not progress:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError as error:
+        raise ImportError(
+            "train(progress=True) draws its progress bar with tqdm, which is not "
+            'installed: pip install "torch-unit-scaling[app]", or pass '
+            "progress=False"
+        ) from error
+    return tqdm(total=steps, desc=description, leave=False)
 
 
 @torch.no_grad()
@@ -59,7 +87,8 @@ def train(
         validation_batches: evaluated at step 0, every ``eval_every`` and at the end.
         eval_every: evaluation period in steps.
         description: the progress bar's label.
-        progress: show a progress bar.
+        progress: show a progress bar (needs ``tqdm``, in the ``app`` extra:
+            ``pip install "torch-unit-scaling[app]"``).
         schedule: optional learning-rate multiplier ``step → factor``.
 
     Stops early (recording NaN) if the loss stops being finite.
@@ -76,8 +105,8 @@ def train(
         model.train()
 
     record_validation(0)
-    bar = tqdm(range(1, steps + 1), desc=description, disable=not progress, leave=False)
-    for step in bar:
+    bar = _progress_bar(steps, description, progress)
+    for step in range(1, steps + 1):
         if schedule is not None:
             for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
                 group["lr"] = lr * schedule(step)
@@ -101,5 +130,7 @@ def train(
             bar.set_postfix(
                 loss=f"{value:.3f}", val=f"{history.validation_loss[-1]:.3f}"
             )
+        bar.update()
+    bar.close()
     history.tokens_per_second = tokens / elapsed if elapsed else math.nan
     return history

@@ -1,0 +1,54 @@
+"""Readable names of FX graph nodes' targets, shared by the code view
+(:mod:`unit_scaling.utils`) and the data frames of :mod:`unit_scaling.analysis`."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+__all__ = ["BINARY_OPERATORS", "target_name"]
+
+# Operators rendered as Python syntax rather than as calls.
+BINARY_OPERATORS: dict[Callable[..., Any], str] = {
+    operator.add: "+",
+    operator.iadd: "+",
+    operator.sub: "-",
+    operator.mul: "*",
+    operator.truediv: "/",
+    operator.floordiv: "//",
+    operator.pow: "**",
+    operator.matmul: "@",
+}
+# Prefixes under which users usually import these modules.
+_MODULE_ALIASES = {
+    "torch.nn.functional": "F",
+    "torch._C._nn": "F",
+    "unit_scaling.functional": "U",
+    "unit_scaling.core.functional": "U",
+}
+
+
+def target_name(node: Node) -> str:
+    """A short readable name of what ``node`` computes, e.g. ``"U.linear"``."""
+    target = node.target
+    if node.op in ("placeholder", "output"):
+        return node.op
+    if node.op == "call_method" or isinstance(target, str):
+        return str(target)
+    if target in BINARY_OPERATORS or target is operator.getitem:
+        return getattr(target, "__name__", str(target))
+    name = getattr(target, "__name__", None)
+    if name is None:
+        return str(target)
+    module = getattr(target, "__module__", None) or ""
+    if module.startswith("unit_scaling.functional"):
+        module = "unit_scaling.functional"
+    if module in _MODULE_ALIASES:
+        return f"{_MODULE_ALIASES[module]}.{name}"
+    if module.startswith("torch") or getattr(target, "__self__", None) is torch:
+        return f"torch.{name}"
+    return str(name)

@@ -1,0 +1,147 @@
+"""The package's layers, checked on its imports (every ``import`` statement,
+function-level ones included, read from the source with :mod:`ast`).
+
+1. A module never imports another module's private (underscore) name: a helper
+   used in two modules lives in a private *module*, under a public name.
+2. A layer imports only from its own layer and those below it.
+3. ``admin_torch`` depends on torch (and the standard library) alone.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+# Top-level parts of ``unit_scaling``, lowest layer first. A new module or
+# subpackage must be placed here (the test below fails until it is).
+LAYERS: dict[str, tuple[str, ...]] = {
+    "primitives": (
+        "_autograd",
+        "_twoway",
+        "_kernels",
+        "_fx_names",
+        "scale",
+        "constraints",
+        "core",
+    ),
+    "ops": ("functional", "formats", "data"),
+    "library": ("parameter", "modules", "optim", "parallel"),
+    "transforms": ("transforms",),
+    "analysis": ("analysis", "utils", "zoo"),
+    "application": ("app", "__main__"),
+}
+RANK = {part: rank for rank, parts in enumerate(LAYERS.values()) for part in parts}
+
+
+@dataclass(frozen=True)
+class Import:
+    module: tuple[str, ...]  # the importing module, e.g. ("unit_scaling", "scale")
+    target: tuple[str, ...]  # the module imported from
+    name: str | None  # the name imported from it (``from target import name``)
+    line: int
+
+
+def _module_of(path: Path) -> tuple[str, ...]:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def _is_module(parts: tuple[str, ...]) -> bool:
+    path = SRC.joinpath(*parts)
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _imports(path: Path) -> list[Import]:
+    module = _module_of(path)
+    package = module if path.name == "__init__.py" else module[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [
+                Import(module, tuple(a.name.split(".")), None, node.lineno)
+                for a in node.names
+            ]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = base + tuple(node.module.split(".") if node.module else ())
+            else:
+                target = tuple((node.module or "").split("."))
+            found += [Import(module, target, a.name, node.lineno) for a in node.names]
+    return found
+
+
+def _all_imports(package: str) -> list[Import]:
+    return [i for p in sorted((SRC / package).rglob("*.py")) for i in _imports(p)]
+
+
+def _where(i: Import) -> str:
+    return f"{'.'.join(i.module)} (line {i.line})"
+
+
+@pytest.mark.parametrize("package", ["unit_scaling", "admin_torch"])
+def test_no_private_name_of_another_module_is_imported(package: str) -> None:
+    ours = ("unit_scaling", "admin_torch")
+    bad = [
+        f"{_where(i)} imports {i.name} from {'.'.join(i.target)}"
+        for i in _all_imports(package)
+        if i.target[0] in ours
+        and i.name is not None
+        and i.name.startswith("_")
+        and not i.name.startswith("__")
+        and not _is_module((*i.target, i.name))  # a private module is fine
+        and i.target != i.module
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_every_part_of_the_package_has_a_layer() -> None:
+    parts = {
+        p.stem if p.is_file() else p.name
+        for p in (SRC / "unit_scaling").iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()
+    }
+    assert parts == set(RANK), (
+        f"place in LAYERS: {sorted(parts - set(RANK))}; "
+        f"gone: {sorted(set(RANK) - parts)}"
+    )
+
+
+def test_layers_import_only_downwards() -> None:
+    bad = []
+    for i in _all_imports("unit_scaling"):
+        if len(i.module) < 2 or i.target[0] != "unit_scaling" or len(i.target) < 2:
+            continue  # the package's own __init__ gathers the public API
+        source, target = i.module[1], i.target[1]
+        if source != target and RANK[target] > RANK[source]:
+            bad.append(f"{_where(i)} imports {'.'.join(i.target)}")
+    assert not bad, "a lower layer imports a higher one:\n" + "\n".join(bad)
+
+
+def test_admin_torch_depends_only_on_torch() -> None:
+    allowed = {"admin_torch", "torch", *sys.stdlib_module_names}
+    bad = [
+        f"{_where(i)} imports {'.'.join(i.target)}"
+        for i in _all_imports("admin_torch")
+        if i.target[0] not in allowed
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checks_see_a_violation() -> None:
+    # The parser itself: a relative import of a private name is resolved to the
+    # module it names, and a private module is told from a private name.
+    found = _imports(SRC / "unit_scaling" / "scale.py")
+    assert any(
+        i.target == ("unit_scaling", "_twoway") and i.name == "scale_twoway"
+        for i in found
+    )
+    assert _is_module(("unit_scaling", "_twoway"))
+    assert not _is_module(("unit_scaling", "scale", "scale_fwd"))
+    assert RANK["transforms"] > RANK["functional"] > RANK["scale"]

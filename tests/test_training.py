@@ -1,0 +1,88 @@
+"""The shared training loop: what it records, when it evaluates, its schedule,
+divergence, and the progress bar as an optional dependency."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import Tensor
+
+import unit_scaling as uu
+from unit_scaling.app.training import History, evaluate, train
+
+
+def _setup() -> tuple[uu.TransformerDecoder, Iterator[Tensor], list[Tensor]]:
+    torch.manual_seed(0)
+    model = uu.TransformerDecoder(32, 16, layers=1, heads=2)
+    # One repeated batch: the loss must fall fast.
+    batch = torch.randint(16, (4, 9))
+    return model, itertools.repeat(batch), [batch]
+
+
+def test_train_records_losses_and_evaluates_on_schedule() -> None:
+    model, batches, validation = _setup()
+    optimizer = uu.optim.AdamW(model.parameters(), lr=2**-5)
+    history = train(
+        model, model.loss, optimizer, batches, 12, validation, 5, "t", False
+    )
+    assert history.steps == list(range(1, 13))
+    assert len(history.train_loss) == 12
+    assert history.eval_steps == [0, 5, 10, 12]
+    assert history.validation_loss[-1] < 0.9 * history.validation_loss[0]
+    assert not history.diverged
+    assert history.tokens_per_second > 0
+    assert model.training
+    # the last recorded validation loss is evaluate() of the trained model
+    model.eval()
+    assert evaluate(model.loss, validation) == pytest.approx(
+        history.validation_loss[-1]
+    )
+
+
+def test_schedule_scales_the_learning_rate_per_step() -> None:
+    model, batches, validation = _setup()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    seen = []
+
+    def schedule(step: int) -> float:
+        seen.append(step)
+        return 1 / step
+
+    train(
+        model, model.loss, optimizer, batches, 4, validation, 10, "t", False, schedule
+    )
+    assert seen == [1, 2, 3, 4]
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5 / 4)
+
+
+def test_a_non_finite_loss_stops_training() -> None:
+    model, batches, validation = _setup()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls = itertools.count()
+
+    def loss(batch: Tensor) -> Tensor:
+        value = model.loss(batch)
+        return value * math.nan if next(calls) == 3 else value
+
+    history = train(model, loss, optimizer, batches, 10, validation, 100, "t", False)
+    assert history.diverged
+    assert history.steps == [1, 2, 3]
+    assert math.isnan(history.validation_loss[-1])
+    assert History().diverged is False
+
+
+def test_progress_bar_needs_tqdm_only_when_asked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # as if not installed
+    model, batches, validation = _setup()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    history = train(model, model.loss, optimizer, batches, 2, validation, 1, "t", False)
+    assert history.steps == [1, 2]
+    with pytest.raises(ImportError, match=r"torch-unit-scaling\[app\].*progress=False"):
+        train(model, model.loss, optimizer, batches, 2, validation, 1, "t", True)
