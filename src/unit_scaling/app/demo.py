@@ -22,11 +22,11 @@ import torch
 from torch import nn
 
 from .. import optim
-from .baseline import StandardTransformerDecoder
 from ..data import VOCAB_SIZE, Corpus
 from ..modules import TransformerDecoder
-from .training import History, train
 from ..transforms import simulate_fp8
+from .baseline import StandardTransformerDecoder
+from .training import History, train
 
 __all__ = ["VARIANTS", "DemoConfig", "add_arguments", "config_from_args", "run"]
 
