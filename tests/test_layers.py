@@ -5,6 +5,8 @@ function-level ones included, read from the source with :mod:`ast`).
    used in two modules lives in a private *module*, under a public name.
 2. A layer imports only from its own layer and those below it.
 3. ``admin_torch`` depends on torch (and the standard library) alone.
+4. Private torch APIs are used in two modules only: ``_torch_internals`` and
+   ``transforms/_dynamo`` (each pinned by its own tests).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_twoway",
         "_kernels",
         "_fx_names",
+        "_torch_internals",
         "scale",
         "constraints",
         "core",
@@ -145,3 +148,54 @@ def test_the_checks_see_a_violation() -> None:
     assert _is_module(("unit_scaling", "_twoway"))
     assert not _is_module(("unit_scaling", "scale", "scale_fwd"))
     assert RANK["transforms"] > RANK["functional"] > RANK["scale"]
+
+
+# The modules allowed to touch private torch APIs.
+TORCH_INTERNALS = {
+    ("unit_scaling", "_torch_internals"),
+    ("unit_scaling", "transforms", "_dynamo"),
+}
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_torch_uses(path: Path) -> list[str]:
+    """Imports of private torch modules or names, and ``torch._x`` attribute
+    chains (``torch``, ``nn``, ``F`` as the root), in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            parts = (node.module or "").split(".")
+            if parts[0] == "torch":
+                names = [a.name for a in node.names]
+                if any(map(_is_private, parts + names)):
+                    found.append(f"line {node.lineno}: from {node.module} import ...")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "torch" and any(map(_is_private, parts)):
+                    found.append(f"line {node.lineno}: import {alias.name}")
+        elif isinstance(node, ast.Attribute) and _is_private(node.attr):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in ("torch", "nn", "F"):
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_private_torch_apis_only_in_their_two_modules() -> None:
+    bad = [
+        f"{'.'.join(_module_of(path))} {use}"
+        for package in ("unit_scaling", "admin_torch")
+        for path in sorted((SRC / package).rglob("*.py"))
+        if _module_of(path) not in TORCH_INTERNALS
+        for use in _private_torch_uses(path)
+    ]
+    assert not bad, "move these behind unit_scaling._torch_internals:\n" + "\n".join(
+        bad
+    )
+    # and the check sees one where there is one
+    assert _private_torch_uses(SRC / "unit_scaling" / "_torch_internals.py")

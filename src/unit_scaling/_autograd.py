@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._functorch.utils import unwrap_dead_wrappers
+
+from ._torch_internals import functorch_transforms_active, unwrap_dead_wrappers
 
 __all__ = ["Function"]
 
@@ -39,6 +40,6 @@ class Function(torch.autograd.Function):
 
     @classmethod
     def apply(cls, *args: Any) -> Any:
-        if torch._C._are_functorch_transforms_active():
+        if functorch_transforms_active():
             return super().apply(*args)  # type: ignore[no-untyped-call]
         return cls._c_apply(*unwrap_dead_wrappers(args))

@@ -25,6 +25,8 @@ from typing import cast
 import torch
 from torch import Tensor
 
+from ._torch_internals import cpp_python_bindings, is_functorch_wrapped_tensor
+
 __all__ = ["CompiledKernels", "NativeKernel", "in_memory", "native_threads"]
 
 
@@ -38,7 +40,7 @@ def in_memory(t: Tensor) -> bool:
         and t.layout == torch.strided
         and not t.is_meta
         and type(t).__torch_dispatch__ is Tensor.__torch_dispatch__
-        and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+        and not is_functorch_wrapped_tensor(t)
     )
 
 
@@ -144,9 +146,7 @@ class NativeKernel:
         """The compiled function (compiling it if needed), or ``None``."""
         if self._kernel is None and self.error is None:
             try:
-                from torch._inductor.codecache import CppPythonBindingsCodeCache
-
-                self._kernel = CppPythonBindingsCodeCache.load_pybinding(
+                self._kernel = cpp_python_bindings().load_pybinding(
                     self.argtypes, self.source
                 )
             except Exception as error:  # e.g. no C++ compiler, or a torch change

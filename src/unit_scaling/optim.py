@@ -62,8 +62,11 @@ def mup_tags(module: nn.Module) -> dict[str, MupTags]:
 
     Example::
 
+        >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
         >>> tags = mup_tags(model)
-        >>> model.to_empty(device="cuda")
+        >>> tags["embedding.weight"]
+        MupTags(mup_type='weight', mup_scaling_depth=None)
+        >>> # ... fully_shard(model) or model.to_empty(...) replaces the parameters
         >>> opt = AdamW(model.named_parameters(), lr=1e-2, tags=tags)
     """
     return {
@@ -280,7 +283,10 @@ def scaled_parameters(
 
     Example::
 
+        >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
         >>> groups = scaled_parameters(model.parameters(), lr_scale_func_adam, lr=1e-2)
+        >>> round(groups[0]["lr"], 5)  # the embedding: 1e-2 / sqrt(64)
+        0.00125
         >>> opt = torch.optim.AdamW(groups)
     """
     if isinstance(params, Tensor):
@@ -360,7 +366,10 @@ class SGD(torch.optim.SGD):
 
     Example::
 
+        >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
         >>> opt = SGD(model.parameters(), lr=0.5, momentum=0.9)
+        >>> len(opt.param_groups)  # one group per u-μP learning rate
+        12
     """
 
     def __init__(
@@ -414,7 +423,10 @@ class Adam(torch.optim.Adam):
 
     Example::
 
+        >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
         >>> opt = Adam(model.parameters(), lr=1e-2)
+        >>> len(opt.param_groups)  # one group per u-μP learning rate
+        12
     """
 
     def __init__(
@@ -472,7 +484,10 @@ class AdamW(torch.optim.AdamW):
 
     Example::
 
+        >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
         >>> opt = AdamW(model.parameters(), lr=1e-2, weight_decay=1e-4)
+        >>> len(opt.param_groups)  # one group per u-μP learning rate
+        12
     """
 
     def __init__(

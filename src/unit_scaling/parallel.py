@@ -26,15 +26,17 @@ holds for models unit-scaled end to end, loss included (every ``unit_scaling``
 module and :func:`unit_scaling.functional.cross_entropy`); a parameter of a plain
 torch layer whose gradient is a plain sum would want the plain sum instead.
 
-Example::
+Example (in a process group: ``torchrun``, or ``dist.init_process_group``)::
 
     >>> import unit_scaling.parallel
+    >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
     >>> for layer in model.layers:
-    ...     uu.parallel.fully_shard(layer)
-    >>> uu.parallel.fully_shard(model)
+    ...     _ = uu.parallel.fully_shard(layer)
+    >>> _ = uu.parallel.fully_shard(model)
     >>> opt = uu.optim.AdamW(model.parameters(), lr=2**-4)
 
-    >>> ddp = DistributedDataParallel(model)
+    >>> from torch.nn.parallel import DistributedDataParallel
+    >>> ddp = DistributedDataParallel(uu.TransformerDecoder(64, 256, 2, 4))
     >>> ddp.register_comm_hook(None, uu.parallel.allreduce_hook)
 """
 
@@ -46,13 +48,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-
-# `torch.distributed.GradBucket`, imported from where type checkers can see it.
-from torch._C._distributed_c10d import GradBucket
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp import fully_shard as _torch_fully_shard
 
+from ._torch_internals import GradBucket
 from .optim import mup_tags
 from .parameter import retag
 
@@ -96,9 +96,10 @@ def fully_shard(module: nn.Module, **kwargs: Any) -> FSDPModule:
 
     Example::
 
+        >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
         >>> for layer in model.layers:
-        ...     fully_shard(layer)
-        >>> fully_shard(model)
+        ...     _ = fully_shard(layer)
+        >>> _ = fully_shard(model)
         >>> model.layers[0].mlp.linear_1.weight.mup_type
         'weight'
     """
@@ -134,6 +135,7 @@ def allreduce_hook(
 
     Example::
 
+        >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
         >>> ddp = torch.nn.parallel.DistributedDataParallel(model)
         >>> ddp.register_comm_hook(None, allreduce_hook)
     """

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.fx import Graph, Node
-from torch.utils import _pytree as pytree
 
 from ._fx_names import BINARY_OPERATORS, target_name
+from ._torch_internals import pytree
 from .transforms import track_scales
 
 __all__ = ["analyse_module"]
@@ -313,13 +313,15 @@ def analyse_module(
     Returns:
         The annotated code, one line per graph node (or submodule call).
 
-    Example (arguments abridged)::
+    Example (columns aligned, arguments abridged)::
 
+        >>> _ = torch.manual_seed(0)
         >>> print(analyse_module(uu.Linear(16, 32), torch.randn(64, 16)))
         def forward(input):
-            self.weight                                 (-> 0.98, <- 0.975)
-            input                                       (-> 1.01, <- 1.43)
-            linear = U.linear(input, self.weight, ...)  (-> 0.997, <- 1.02)
+            self.weight                                   (-> 1.02, <- 1.03)
+            input                                         (-> 1.03, <- 1.55)
+            linear = U.linear(input, self.weight, ...)    (-> 1.06, <- 1.02)
+            return (linear,)
     """
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     tracked = track_scales(module)

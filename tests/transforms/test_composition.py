@@ -225,7 +225,7 @@ def test_transform_configuration_is_frozen() -> None:
         transform.name = "y"  # type: ignore[misc]
 
 
-def test_executor_after_eager_transform_is_an_error() -> None:
+def test_backend_after_eager_transform_is_an_error() -> None:
     with pytest.raises(ValueError, match="cannot follow track_scales"):
         compile(track_scales(nn.Linear(4, 4)))
 

@@ -19,8 +19,8 @@ import pandas as pd  # type: ignore[import-untyped,unused-ignore]
 import torch
 from matplotlib.figure import Figure
 from torch import Tensor, nn
-from torch.utils import _pytree as pytree
 
+from .._torch_internals import pytree
 from ._corpus import analysis_corpus
 from .visualiser import LossFn, language_model_loss
 
@@ -233,7 +233,12 @@ def coord_check_spread(df: pd.DataFrame, by: str = "group") -> pd.DataFrame:
 
     Example::
 
-        >>> coord_check_spread(df).groupby("label")["spread"].max()
+        >>> import pandas as pd
+        >>> df = pd.DataFrame({"label": "u-μP", "group": "embedding", "step": 0,
+        ...                    "width": [64, 128, 256], "rms": [1.0, 1.1, 1.0]})
+        >>> row = coord_check_spread(df).iloc[0]
+        >>> round(float(row["spread"]), 3), round(float(row["slope"]), 3)
+        (0.138, 0.0)
     """
     means = _mean_over_layers(df, by)
     rows = []
@@ -307,6 +312,10 @@ def plot_coord_check(
 
     Example::
 
+        >>> import pandas as pd
+        >>> rows = {"group": "embedding", "step": 0, "width": [64, 128, 256]}
+        >>> umup = pd.DataFrame({**rows, "label": "u-μP", "rms": [1.0, 1.0, 1.0]})
+        >>> sp = pd.DataFrame({**rows, "label": "SP", "rms": [1.0, 1.4, 2.0]})
         >>> fig = plot_coord_check(pd.concat([umup, sp]), panels=["embedding"])
         >>> fig.savefig("coord_check.png", dpi=150)
     """

@@ -279,6 +279,7 @@ def plot(
 
     Example::
 
+        >>> from unit_scaling.transforms import track_scales
         >>> model = track_scales(uu.TransformerDecoder(64, 256, layers=2, heads=4))
         >>> model.loss(torch.randint(256, (4, 33))).backward()
         >>> ax = plot(model.scales_graph(), title="u-μP decoder")

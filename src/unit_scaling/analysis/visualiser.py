@@ -146,8 +146,11 @@ def scales_graph(
 
     Example::
 
+        >>> from unit_scaling.analysis import graph_to_dataframe
         >>> graph = scales_graph(uu.TransformerDecoder(64, 256, 2, 4))
         >>> df = graph_to_dataframe(graph)
+        >>> sorted(df["direction"].unique())
+        ['bwd', 'fwd']
     """
     if batch is None:
         batch = example_batch(device=_device_of(model))
@@ -196,7 +199,10 @@ def visualiser(
 
     Example::
 
-        >>> model = unit_scale(GPT2LMHeadModel(GPT2Config(n_layer=2)))
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> from unit_scaling.transforms import unit_scale
+        >>> config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256)
+        >>> model = unit_scale(GPT2LMHeadModel(config))
         >>> ax = visualiser(model, title="unit-scaled GPT-2")
         >>> ax.figure.savefig("gpt2_scales.png")
     """

@@ -1,8 +1,11 @@
-"""Core functions shared by every unit-scaled op and module.
+"""The public helpers of unit scaling's arithmetic (SPEC names).
 
-The central pattern of unit scaling lives here: :func:`scale_elementwise` turns a
-torch function into "the torch function, plus an output scale, plus an input
-gradient scale, plus a constraint".
+:func:`scale_elementwise` wraps any one-input torch function as "the torch
+function, plus an output scale, plus an input-gradient scale, plus a
+constraint", for users writing their own ops (the package's own ops use the
+fused :mod:`unit_scaling.functional._scaling` instead);
+:func:`logarithmic_interpolation` and :func:`transformer_residual_scaling_rule`
+are the scale rules of the u-μP models; :func:`rms` measures scales.
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ def rms(
 
     Example::
 
-        >>> rms(torch.tensor([3.0, -4.0])).item() ** 2
+        >>> round(rms(torch.tensor([3.0, -4.0])).item() ** 2, 4)
         12.5
     """
     mean_sq = x.float().square().mean(dim=dims, keepdim=keepdim)

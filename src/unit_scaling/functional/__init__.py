@@ -10,7 +10,7 @@ Conventionally imported as ``import unit_scaling.functional as U``.
 """
 
 from ._torch_map import torch_map
-from .activations import dropout, gelu, relu, sigmoid, silu, silu_glu, softmax, tanh
+from .activation import dropout, gelu, relu, sigmoid, silu, silu_glu, softmax, tanh
 from .adaptive_pooling import (
     adaptive_avg_pool1d,
     adaptive_avg_pool2d,

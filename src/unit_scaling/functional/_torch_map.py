@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .activations import dropout, gelu, relu, sigmoid, silu, softmax, tanh
+from .activation import dropout, gelu, relu, sigmoid, silu, softmax, tanh
 from .adaptive_pooling import (
     adaptive_avg_pool1d,
     adaptive_avg_pool2d,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._autograd import Function
+from .._torch_internals import any_autocast_enabled, unsafe_view
 from ..constraints import apply_constraint
 from ..scale import scale_bwd, scale_fwd
 from ._checks import autocast_inputs, validate_constraint
@@ -26,9 +27,7 @@ from ._scaling import fold_scales
 __all__ = ["bmm", "einsum", "linear", "linear_readout", "matmul"]
 
 
-# aten's reshape of a tensor nothing else refers to: the result is not recorded
-# as a view (aten's own matmul uses it for the same purpose).
-_unsafe_view = torch.ops.aten._unsafe_view.default
+_unsafe_view = unsafe_view
 
 
 def _bmm(a: Tensor, b: Tensor, alpha: float) -> Tensor:
@@ -240,11 +239,8 @@ def _compute_linear_scales(
 # shapes many times. Under torch.compile the computation is traced instead (Dynamo
 # warns about lru_cache) and folded into the graph as constants.
 _linear_scales = functools.lru_cache(maxsize=4096)(_compute_linear_scales)
-# One C call when autocast is off (the usual case); where torch lacks it, always
-# take the general path in autocast_inputs.
-_any_autocast_enabled: Callable[[], bool] = getattr(
-    torch._C, "_is_any_autocast_enabled", lambda: True
-)
+# One C call when autocast is off (the usual case).
+_any_autocast_enabled = any_autocast_enabled
 
 
 def linear_readout(

@@ -99,7 +99,7 @@ class DepthModuleList(_TagsDepth, nn.ModuleList):
 
     Example::
 
-        >>> blocks = DepthModuleList([Linear(8, 8) for _ in range(4)])
+        >>> blocks = DepthModuleList([uu.Linear(8, 8) for _ in range(4)])
         >>> blocks[0].weight.mup_scaling_depth
         4
     """
@@ -115,7 +115,7 @@ class DepthSequential(_TagsDepth, nn.Sequential):
 
     Example::
 
-        >>> stack = DepthSequential(*[Linear(8, 8) for _ in range(3)])
+        >>> stack = DepthSequential(*[uu.Linear(8, 8) for _ in range(3)])
         >>> stack[2].weight.mup_scaling_depth
         3
     """

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as U
+from .._torch_internals import BatchNormBase, InstanceNormBase
 from ..parameter import Parameter
 from ._base import KeepsTags
 
@@ -126,7 +127,7 @@ class GroupNorm(KeepsTags, nn.GroupNorm):
         return U.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
 
 
-class _BatchNorm(KeepsTags, nn.modules.batchnorm._BatchNorm):
+class _BatchNorm(KeepsTags, BatchNormBase):
     """Torch's batch-norm module logic (running statistics, momentum ``None`` as
     a cumulative average, evaluation without running statistics) on
     :func:`~unit_scaling.functional.batch_norm`."""
@@ -202,7 +203,7 @@ class BatchNorm3d(_BatchNorm, nn.BatchNorm3d):
     """
 
 
-class _InstanceNorm(KeepsTags, nn.modules.instancenorm._InstanceNorm):
+class _InstanceNorm(KeepsTags, InstanceNormBase):
     """Torch's instance-norm module (input checks, unbatched input) calling
     :func:`~unit_scaling.functional.instance_norm`."""
 

@@ -50,6 +50,7 @@ __all__ = [
     "dispatch_mode_active",
     "fresh_forward",
     "functorch_sections",
+    "inductor_backend",
     "is_functorch_internal",
     "name_placeholders",
     "opaque_functions",
@@ -273,3 +274,10 @@ def functorch_sections(graph: Any) -> list[list[Any]]:
         if internal and name == "_vmap_decrement_nesting":
             depth = max(depth - 1, 0)
     return sections
+
+
+def inductor_backend() -> Callable[..., Any]:
+    """Inductor as a Dynamo backend: ``(graph_module, example_inputs) ->
+    callable``, the compiler ``torch.compile`` uses by default."""
+    backend: Callable[..., Any] = torch._dynamo.lookup_backend("inductor")
+    return backend

@@ -13,7 +13,7 @@ At every eager call the forward runs through TorchDynamo with our backend. For
 each graph Dynamo captures, the backend runs the passes in place order (each may
 need the real example inputs: a :class:`CapturePass` receives them in a
 :class:`CaptureContext`), then executes the graph eagerly or with the chain's
-executor. A first eager call with a given input signature also records how to
+backend. A first eager call with a given input signature also records how to
 replay its graph (``_replay``), for an outer ``torch.compile`` or a dispatch mode.
 Everything that touches Dynamo internals is in ``_dynamo``.
 """
@@ -34,8 +34,8 @@ from typing import Any, TypeAlias, TypeVar
 import torch
 from torch import Tensor, nn
 from torch.fx import GraphModule
-from torch.utils import _pytree as pytree
 
+from .._torch_internals import pytree
 from . import _dynamo
 from ._replay import InputSpec, Replay, input_specs, record, signature_key
 
@@ -55,7 +55,7 @@ __all__ = [
 logger = logging.getLogger("unit_scaling.transforms")
 
 M = TypeVar("M", bound=nn.Module)
-Executor = Callable[[GraphModule, Sequence[Any]], Callable[..., Any]]
+Backend = Callable[[GraphModule, Sequence[Any]], Callable[..., Any]]
 
 _STATE_ATTR = "_unit_scaling_transforms"
 
@@ -121,9 +121,9 @@ class Transform:
         place: where its pass runs in a chain.
         graph_pass: the pass; a :class:`StatefulPass` or :class:`CapturePass` is
             a prototype whose ``fresh()`` copy each module gets.
-        executor: how captured graphs run (``None``: eagerly, or as before).
+        backend: how captured graphs run (``None``: eagerly, or as before).
         eager: graphs of a chain holding this transform run eagerly (tracking
-            observes every op); no executor may follow it.
+            observes every op); no backend may follow it.
         non_recurse: functions Dynamo records as single calls.
         before_call: ``hook(args, kwargs)`` before every call.
         after_first_call: ``hook(run_state)`` after the first call.
@@ -135,7 +135,7 @@ class Transform:
     name: str
     place: Place = Place.REWRITE
     graph_pass: GraphPass | None = None
-    executor: Executor | None = None
+    backend: Backend | None = None
     eager: bool = False
     non_recurse: tuple[Callable[..., Any], ...] = ()
     before_call: tuple[CallHook, ...] = ()
@@ -154,9 +154,9 @@ class TransformConfig:
         """This chain with ``transform`` added at its place.
 
         Raises:
-            ValueError: for an executor after a transform that runs eagerly.
+            ValueError: for a backend after a transform that runs eagerly.
         """
-        if transform.executor is not None and any(t.eager for t in self.transforms):
+        if transform.backend is not None and any(t.eager for t in self.transforms):
             eager = next(t.name for t in self.transforms if t.eager)
             raise ValueError(
                 f"{transform.name}() cannot follow {eager}(): {eager} runs the "
@@ -172,12 +172,12 @@ class TransformConfig:
         return TransformConfig(tuple(ordered))
 
     @property
-    def executor(self) -> tuple[str, Executor] | None:
-        """The last executor applied, unless a transform runs eagerly."""
+    def backend(self) -> tuple[str, Backend] | None:
+        """The last backend applied, unless a transform runs eagerly."""
         if any(t.eager for t in self.transforms):
             return None
-        executors = [(t.name, t.executor) for t in self.transforms if t.executor]
-        return executors[-1] if executors else None
+        backends = [(t.name, t.backend) for t in self.transforms if t.backend]
+        return backends[-1] if backends else None
 
     @property
     def non_recurse(self) -> tuple[Callable[..., Any], ...]:
@@ -306,7 +306,7 @@ class TransformedForward:
         self._compiled = torch.compile(
             self._original, backend=self._backend, dynamic=None
         )
-        self._eager_outside_compile = torch._dynamo.disable(  # type: ignore[no-untyped-call]
+        self._eager_outside_compile = torch.compiler.disable(  # type: ignore[no-untyped-call]
             self._eager, reason="unit_scaling transform: capture before replay"
         )
 
@@ -342,8 +342,8 @@ class TransformedForward:
         gm = _run_passes(state, gm, context)
         capture = Capture(gm, replay_inputs)
         state.captures.append(capture)
-        executor = state.config.executor
-        run = executor[1](gm, example_inputs) if executor else gm.forward
+        backend = state.config.backend
+        run = backend[1](gm, example_inputs) if backend else gm.forward
 
         def execute(*args: Any) -> Any:
             out = run(*args)

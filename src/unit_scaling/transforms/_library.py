@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._torch_internals import mha_packed_projection
+
 __all__ = ["rewrite_library_modules"]
 
 logger = logging.getLogger("unit_scaling.transforms.unit_scale")
@@ -54,7 +56,7 @@ class AttentionFunctions(nn.Module):
         super().__init__()
         self.embed_dim, self.num_heads = mha.embed_dim, mha.num_heads
         self.dropout, self.batch_first = mha.dropout, mha.batch_first
-        self.packed = mha._qkv_same_embed_dim
+        self.packed = mha_packed_projection(mha)
         self.in_proj_weight = mha.in_proj_weight
         self.q_proj_weight = mha.q_proj_weight
         self.k_proj_weight = mha.k_proj_weight

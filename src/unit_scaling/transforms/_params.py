@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from torch.fx import Graph, Node
 
 from .. import functional as U
+from .._torch_internals import ConvNdBase
 from ..scale import scale_bwd
 from ._library import AttentionFunctions
 from ._regions import is_rearrangement
@@ -84,7 +85,7 @@ def _layer_weights(module: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]
     """``(weights, biases)`` attribute names of torch's layers."""
     if isinstance(
         module,
-        (nn.Linear, nn.Embedding, nn.modules.conv._ConvNd, nn.Bilinear),
+        (nn.Linear, nn.Embedding, ConvNdBase, nn.Bilinear),
     ):
         return ("weight",), ("bias",)
     if isinstance(module, (nn.MultiheadAttention, AttentionFunctions)):

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.fx import GraphModule
-from torch.utils import _pytree as pytree
+
+from .._torch_internals import pytree
 
 __all__ = ["InputSpec", "Replay", "input_specs", "record", "signature_key"]
 

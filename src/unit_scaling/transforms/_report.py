@@ -59,11 +59,12 @@ class UnitScaleReport:
 
     Example::
 
+        >>> from unit_scaling.transforms import unit_scale
         >>> model = unit_scale(nn.Sequential(nn.Linear(8, 8), nn.Softplus()))
         >>> _ = model(torch.randn(4, 8))
         >>> report = model.unit_scale_report()
         >>> sorted({r.how for r in report.ops})
-        ['analytic', 'calibrated']
+        ['analytic', 'calibrated', 'unit already']
     """
 
     ops: list[OpRecord] = dataclasses.field(default_factory=list)

@@ -12,6 +12,7 @@ import torch
 from torch.fx import Node
 
 from .. import functional as U
+from .._torch_internals import OpOverload, OpOverloadPacket
 
 __all__ = [
     "ATTENTION_PRODUCTS",
@@ -97,9 +98,9 @@ NAMED_OPERATORS: dict[str, Callable[..., Any]] = {
 
 def _operator_name(target: Any) -> str | None:
     """``namespace::name`` of a ``torch.ops`` operator (packet or overload)."""
-    if isinstance(target, torch._ops.OpOverloadPacket):
+    if isinstance(target, OpOverloadPacket):
         return str(target._qualified_op_name)
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, OpOverload):
         return str(target._name)
     return None
 

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.fx import GraphModule, Interpreter, Node
-from torch.utils import _pytree as pytree
 
+from .._torch_internals import pytree
 from ._dynamo import restore_functorch_levels
 from ._graph import example_value
 from ._rules import rule_for

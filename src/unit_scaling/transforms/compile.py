@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import torch._dynamo
 from torch import nn
 from torch.fx import GraphModule
 
+from ._dynamo import inductor_backend
 from ._engine import Place, Transform, apply_transform
 
 __all__ = ["compile"]
@@ -17,8 +17,8 @@ M = TypeVar("M", bound=nn.Module)
 
 
 def _inductor(gm: GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-    backend = torch._dynamo.lookup_backend("inductor")
-    return backend(gm, list(example_inputs))
+    compiled: Callable[..., Any] = inductor_backend()(gm, list(example_inputs))
+    return compiled
 
 
 def compile(module: M) -> M:
@@ -38,5 +38,5 @@ def compile(module: M) -> M:
         >>> model(torch.randn(2, 16)).shape
         torch.Size([2, 16])
     """
-    transform = Transform(name="compile", place=Place.REWRITE, executor=_inductor)
+    transform = Transform(name="compile", place=Place.REWRITE, backend=_inductor)
     return apply_transform(module, transform)

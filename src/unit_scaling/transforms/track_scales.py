@@ -33,6 +33,7 @@ from torch.fx.node import Target, map_arg
 
 from .. import functional as U
 from .._kernels import CompiledKernels, NativeKernel, in_memory, native_threads
+from .._torch_internals import is_functorch_wrapped_tensor
 from ..formats import FP8_E4M3, FP8_E5M2
 from ..scale import scale_bwd
 from ._engine import (
@@ -515,7 +516,7 @@ def _is_tracked_value(value: Any) -> bool:
     return (
         isinstance(value, Tensor)
         and value.is_floating_point()
-        and not torch._C._functorch.is_functorch_wrapped_tensor(value)
+        and not is_functorch_wrapped_tensor(value)
     )
 
 
@@ -883,14 +884,14 @@ def track_scales(module: M) -> M:
         >>> model = track_scales(nn.Sequential(nn.Linear(8, 8), nn.ReLU()))
         >>> model(torch.randn(4, 8)).sum().backward()
         >>> graph = model.scales_graph()
-        >>> [n.meta["clean_name"] for n in graph.nodes if "metrics" in n.meta][:1]
-        ['input']
+        >>> [n.meta["clean_name"] for n in graph.nodes if "metrics" in n.meta]
+        ['0.weight', '0.bias', 'input', 'input_1', 'input_2']
     """
     previous = transform_state(module) if isinstance(module, nn.Module) else None
-    if previous is not None and previous.config.executor is not None:
+    if previous is not None and previous.config.backend is not None:
         logger.info(
             "track_scales runs the model eagerly: dropping %s",
-            previous.config.executor[0],
+            previous.config.backend[0],
         )
     transform = Transform(
         name="track_scales",

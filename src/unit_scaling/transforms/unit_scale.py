@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.fx import Graph, GraphModule, Node
-from torch.utils import _pytree as pytree
 
 from .. import functional as U
+from .._torch_internals import pytree
 from ..scale import scale_bwd
 from ._consistency import scale_broadcast_gradients, unconstrain_consistently
 from ._dynamo import functorch_sections, is_functorch_internal

@@ -1,0 +1,115 @@
+"""Every private torch API the package uses, outside Dynamo's (which live in
+:mod:`unit_scaling.transforms._dynamo`), in one place.
+
+Each name here is pinned by ``tests/test_torch_internals.py``, which fails
+loudly, naming the API, when a torch upgrade moves or changes one; no other
+module imports a private torch name (``tests/test_layers.py`` checks that).
+Checked against torch 2.13, the version CI installs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+# torch.utils._pytree: flatten and rebuild nested containers of tensors (the
+# module torch's own compile stack uses; its API has been stable for years).
+from torch.utils import _pytree as pytree
+
+__all__ = [
+    "BatchNormBase",
+    "ConvNdBase",
+    "GradBucket",
+    "InstanceNormBase",
+    "OpOverload",
+    "OpOverloadPacket",
+    "any_autocast_enabled",
+    "cpp_python_bindings",
+    "functorch_transforms_active",
+    "is_functorch_wrapped_tensor",
+    "mha_packed_projection",
+    "pytree",
+    "size_1_t",
+    "size_2_t",
+    "size_3_t",
+    "unsafe_view",
+    "unwrap_dead_wrappers",
+]
+
+# Type aliases of torch.nn's constructor arguments: an int or a tuple of n ints.
+from torch.nn.common_types import _size_1_t as size_1_t
+from torch.nn.common_types import _size_2_t as size_2_t
+from torch.nn.common_types import _size_3_t as size_3_t
+
+# The private bases of torch's norm and convolution modules: the unit-scaled
+# modules subclass them, as torch's own BatchNorm1d/2d/3d do.
+BatchNormBase = nn.modules.batchnorm._BatchNorm
+InstanceNormBase = nn.modules.instancenorm._InstanceNorm
+ConvNdBase = nn.modules.conv._ConvNd
+
+# Graph targets that are aten operators (``torch.ops.aten.add.Tensor``) and
+# their overload packets (``torch.ops.aten.add``).
+OpOverload = torch._ops.OpOverload
+OpOverloadPacket = torch._ops.OpOverloadPacket
+
+# aten's reshape of a tensor that nothing else refers to: the result is not
+# recorded as a view (aten's own matmul uses it for the same purpose).
+unsafe_view: Callable[[Tensor, Any], Tensor] = torch.ops.aten._unsafe_view.default
+
+
+def functorch_transforms_active() -> bool:
+    """Whether a functorch transform (``vmap``, ``grad``, ...) is running: a
+    custom autograd function must then take torch's general ``apply``."""
+    active: bool = torch._C._are_functorch_transforms_active()
+    return active
+
+
+def unwrap_dead_wrappers(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` with functorch wrappers of finished transforms unwrapped, as
+    ``torch.autograd.Function.apply`` does before calling the C++ apply."""
+    from torch._functorch.utils import unwrap_dead_wrappers as unwrap
+
+    out: tuple[Any, ...] = unwrap(args)
+    return out
+
+
+def is_functorch_wrapped_tensor(t: Tensor) -> bool:
+    """Whether ``t`` is a functorch wrapper (under ``vmap`` or ``grad``), whose
+    memory is not its own elements."""
+    wrapped: bool = torch._C._functorch.is_functorch_wrapped_tensor(t)
+    return wrapped
+
+
+# Whether autocast is on for any device type: the C function itself, with no
+# Python frame around it (``linear`` asks on every call); where torch lacks it,
+# always ``True``, so that callers take their general path.
+any_autocast_enabled: Callable[[], bool] = getattr(
+    torch._C, "_is_any_autocast_enabled", lambda: True
+)
+
+
+def mha_packed_projection(mha: nn.MultiheadAttention) -> bool:
+    """Whether ``mha`` keeps query, key and value projections in one packed
+    ``in_proj_weight`` (same embedding size for all three) rather than three."""
+    packed: bool = mha._qkv_same_embed_dim
+    return packed
+
+
+def cpp_python_bindings() -> Any:
+    """Inductor's C++ code cache that compiles a C++ source into a function
+    callable from Python (``CppPythonBindingsCodeCache``), imported on use."""
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    return CppPythonBindingsCodeCache
+
+
+# ``torch.distributed.GradBucket`` (a DDP communication hook's argument),
+# imported from where type checkers see it; None in a torch built without
+# distributed support.
+try:
+    from torch._C._distributed_c10d import GradBucket
+except ImportError:  # pragma: no cover - every Linux wheel has distributed
+    GradBucket = None  # type: ignore[assignment,misc]

@@ -1,0 +1,91 @@
+"""Pins on the private torch APIs of ``unit_scaling._torch_internals``: each
+test names the API it checks and fails on the torch upgrade that moves or
+changes it. (Dynamo's internals are pinned in
+``tests/transforms/test_dynamo_internals.py``.)"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from unit_scaling import _torch_internals as internals
+
+
+def test_pytree_flattens_and_rebuilds() -> None:
+    tree = {"a": [torch.ones(1), 2], "b": (torch.zeros(2),)}
+    leaves, spec = internals.pytree.tree_flatten(tree)
+    assert len(leaves) == 3
+    rebuilt = internals.pytree.tree_unflatten(leaves, spec)
+    assert rebuilt["a"][1] == 2 and torch.equal(rebuilt["b"][0], torch.zeros(2))
+    doubled = internals.pytree.tree_map_only(Tensor, lambda t: t * 2, tree)
+    assert torch.equal(doubled["a"][0], torch.full((1,), 2.0))
+
+
+def test_size_types_are_int_or_tuple_aliases() -> None:
+    for alias, n in (
+        (internals.size_1_t, 1),
+        (internals.size_2_t, 2),
+        (internals.size_3_t, 3),
+    ):
+        assert int in alias.__args__, alias
+        assert tuple[(int,) * n] in alias.__args__, alias
+
+
+def test_module_bases_are_torchs_own() -> None:
+    assert issubclass(nn.BatchNorm1d, internals.BatchNormBase)
+    assert issubclass(nn.BatchNorm3d, internals.BatchNormBase)
+    assert issubclass(nn.InstanceNorm2d, internals.InstanceNormBase)
+    assert issubclass(nn.Conv2d, internals.ConvNdBase)
+    assert issubclass(nn.ConvTranspose1d, internals.ConvNdBase)
+    assert not issubclass(nn.Linear, internals.ConvNdBase)
+
+
+def test_op_overload_types() -> None:
+    assert isinstance(torch.ops.aten.add.Tensor, internals.OpOverload)
+    assert isinstance(torch.ops.aten.add, internals.OpOverloadPacket)
+    assert not isinstance(torch.add, internals.OpOverload)
+
+
+def test_unsafe_view_reshapes_without_recording_a_view() -> None:
+    x = torch.arange(6.0)
+    y = internals.unsafe_view(x, (2, 3))
+    assert y.shape == (2, 3) and y.data_ptr() == x.data_ptr()
+    assert not y._is_view()  # what makes in-place updates of the result legal
+    assert x.view(2, 3)._is_view()
+
+
+def test_functorch_state_queries() -> None:
+    seen = {}
+
+    def probe(t: Tensor) -> Tensor:
+        seen["active"] = internals.functorch_transforms_active()
+        seen["wrapped"] = internals.is_functorch_wrapped_tensor(t)
+        return t
+
+    torch.vmap(probe)(torch.ones(3, 2))
+    assert seen == {"active": True, "wrapped": True}
+    assert not internals.functorch_transforms_active()
+    assert not internals.is_functorch_wrapped_tensor(torch.ones(2))
+    args = (torch.ones(2), 3)
+    assert internals.unwrap_dead_wrappers(args) == args
+
+
+def test_any_autocast_enabled_is_the_c_query() -> None:
+    assert internals.any_autocast_enabled is torch._C._is_any_autocast_enabled
+    assert not internals.any_autocast_enabled()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert internals.any_autocast_enabled()
+
+
+def test_mha_packed_projection() -> None:
+    assert internals.mha_packed_projection(nn.MultiheadAttention(8, 2))
+    assert not internals.mha_packed_projection(nn.MultiheadAttention(8, 2, kdim=4))
+
+
+def test_cpp_python_bindings_has_load_pybinding() -> None:
+    # The whole round trip is tested in tests/test_kernels.py.
+    assert callable(internals.cpp_python_bindings().load_pybinding)
+
+
+def test_grad_bucket_is_the_public_class() -> None:
+    assert internals.GradBucket is torch.distributed.GradBucket
