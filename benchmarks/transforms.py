@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 import unit_scaling as uu
+from unit_scaling import zoo
 from unit_scaling.transforms import simulate_fp8, track_scales, unit_scale
 
 from ._measure import interleaved_times, paired_ratio, peak_memory_bytes, table
@@ -31,13 +32,12 @@ BATCH, SEQ = 8, 128
 
 def _gpt2_rows(rounds: int) -> list[tuple[str, ...]]:
     try:
-        from transformers import GPT2Config, GPT2LMHeadModel
+        import transformers  # noqa: F401
     except ImportError:  # pragma: no cover - transformers is a dev extra
         return [("GPT-2 small", "skipped: transformers not installed", "", "", "")]
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=12, n_embd=768, n_head=12, use_cache=False)
-    model = GPT2LMHeadModel(config).eval()
-    ids = torch.randint(config.vocab_size, (1, 128))
+    model = zoo.hf_model("gpt2", "small", use_cache=False).eval()
+    ids = torch.randint(model.config.vocab_size, (1, 128))
     with torch.no_grad():
         start = time.perf_counter()
         transformed = unit_scale(model)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from unit_scaling.scale import scale_bwd
 
@@ -21,9 +21,21 @@ def randn(
 def unit_backward(output: Tensor, seed: int = 0) -> Tensor:
     """Backpropagate a unit-normal gradient through ``output``; return that gradient."""
     gen = torch.Generator().manual_seed(seed)
-    grad = torch.randn(output.shape, generator=gen, dtype=output.dtype)
+    grad = torch.randn(output.shape, generator=gen).to(output.dtype)
     output.backward(grad)
     return grad
+
+
+def grads(*tensors: Tensor) -> list[Tensor]:
+    """The gradients of ``tensors`` (each must have one)."""
+    out = [t.grad for t in tensors]
+    assert all(g is not None for g in out), "a tensor has no gradient"
+    return out  # type: ignore[return-value]
+
+
+def parameter_grads(model: nn.Module) -> list[Tensor]:
+    """Copies of the gradients of ``model``'s parameters that have one."""
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
 def rms(t: Tensor) -> float:

@@ -19,7 +19,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import unit_scaling.functional as U
-from tests.helpers import assert_unit_scale, gradcheck_scaled, randn, unit_backward
+from tests.helpers import (
+    assert_unit_scale,
+    gradcheck_scaled,
+    grads,
+    randn,
+    unit_backward,
+)
 
 THREE_SCALE_CONSTRAINTS = [
     None,
@@ -60,10 +66,6 @@ def _constrained(constraint: str | None, *scales: float) -> tuple[float, ...]:
     return (shared,) * n
 
 
-def _grads(*tensors: Tensor) -> list[Tensor]:
-    return [t.grad for t in tensors]  # type: ignore[misc]
-
-
 def _leaves(*tensors: Tensor) -> list[Tensor]:
     return [t.detach().requires_grad_() for t in tensors]
 
@@ -87,10 +89,10 @@ def test_linear_matches_torch_times_scales(
     y_ref.backward(grad)
     torch.testing.assert_close(y, alpha * y_ref)
     expected = (beta_x, beta_w, beta_w)
-    for got, ref, scale in zip(_grads(x, w, b), _grads(*refs), expected, strict=True):
+    for got, ref, scale in zip(grads(x, w, b), grads(*refs), expected, strict=True):
         torch.testing.assert_close(got, scale * ref)
     if constraint is None and batch > 1:
-        for t, name in zip((y, *_grads(x, w, b)), ("y", "x", "w", "b"), strict=True):
+        for t, name in zip((y, *grads(x, w, b)), ("y", "x", "w", "b"), strict=True):
             _assert_unit(t, name)
 
 
@@ -224,12 +226,12 @@ def _check_product(
     y_ref.backward(grad)
     torch.testing.assert_close(y, out_scale * y_ref)
     for i, (got, ref, scale) in enumerate(
-        zip(_grads(*tensors), _grads(*refs), grad_scales, strict=True)
+        zip(grads(*tensors), grads(*refs), grad_scales, strict=True)
     ):
         torch.testing.assert_close(got, scale * ref, msg=f"operand {i} gradient")
     if check_unit:
         _assert_unit(y, "output")
-        for i, t in enumerate(_grads(*tensors)):
+        for i, t in enumerate(grads(*tensors)):
             _assert_unit(t, f"operand {i} gradient")
 
 
@@ -461,7 +463,7 @@ def test_autocast_bf16(name: str) -> None:
         y, (scale * y_ref.float()).bfloat16(), rtol=2e-2, atol=2e-2
     )
     for got, expected, grad_scale in zip(
-        _grads(*tensors), _grads(*refs), grad_scales or (scale, scale), strict=True
+        grads(*tensors), grads(*refs), grad_scales or (scale, scale), strict=True
     ):
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, grad_scale * expected, rtol=2e-2, atol=2e-2)
@@ -485,6 +487,6 @@ def test_products_compile_fullgraph_and_match_eager() -> None:
         xs = _leaves(*inputs)
         y = fn(*xs)
         unit_backward(y)
-        results.append([y.detach(), *_grads(*xs)])
+        results.append([y.detach(), *grads(*xs)])
     for eager, comp in zip(*results, strict=True):
         torch.testing.assert_close(comp, eager)

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.fx import Graph
 
+from tests.helpers import unit_backward
+from unit_scaling import zoo
 from unit_scaling.transforms import prune_same_scale_tensors, track_scales, unit_scale
 
 VOCAB = 64
@@ -150,9 +152,8 @@ class NanoGPT(nn.Module):
 
 
 def hf_gpt2() -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(
+    model = zoo.hf_model(
+        "gpt2",
         vocab_size=VOCAB,
         n_positions=2 * SEQ,
         n_embd=WIDTH,
@@ -166,13 +167,12 @@ def hf_gpt2() -> nn.Module:
         use_cache=False,
         attn_implementation="sdpa",
     )
-    return _randomise_biases(GPT2LMHeadModel(config))
+    return _randomise_biases(model)
 
 
 def hf_llama() -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
+    return zoo.hf_model(
+        "llama",
         vocab_size=VOCAB,
         hidden_size=WIDTH,
         intermediate_size=2 * WIDTH,
@@ -183,13 +183,11 @@ def hf_llama() -> nn.Module:
         use_cache=False,
         attn_implementation="sdpa",
     )
-    return LlamaForCausalLM(config)
 
 
 def hf_bert() -> nn.Module:
-    from transformers import BertConfig, BertModel
-
-    config = BertConfig(
+    masked_lm = zoo.hf_model(
+        "bert",
         vocab_size=VOCAB,
         hidden_size=WIDTH,
         num_hidden_layers=LAYERS,
@@ -200,7 +198,8 @@ def hf_bert() -> nn.Module:
         attention_probs_dropout_prob=0.0,
         attn_implementation="sdpa",
     )
-    return _randomise_biases(BertModel(config, add_pooling_layer=False))
+    encoder: nn.Module = masked_lm.bert  # the encoder without its head or pooler
+    return _randomise_biases(encoder)
 
 
 def _randomise_biases(model: nn.Module) -> nn.Module:
@@ -299,13 +298,6 @@ CASES: dict[str, ModelCase] = {
 }
 
 
-def unit_backward(output: Tensor, seed: int = 0) -> Tensor:
-    """Backpropagate a unit-normal gradient through ``output``; return it."""
-    grad = torch.randn(output.shape, generator=_generator(seed + 2000))
-    output.backward(grad.to(output.dtype))
-    return grad
-
-
 # --------------------------------------------------------------------------- #
 # Measuring scales.
 # --------------------------------------------------------------------------- #
@@ -388,7 +380,7 @@ def tracked_unit_scaled(case: ModelCase, seed: int = 0) -> tuple[nn.Module, Grap
     key = (case.name, seed)
     if key not in _TRACKED:
         model = track_scales(unit_scale(case.make(seed)))
-        unit_backward(case.run(model, seed), seed)
+        unit_backward(case.run(model, seed), seed + 2000)
         _TRACKED[key] = model, model.scales_graph()
     return _TRACKED[key]
 

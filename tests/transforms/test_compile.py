@@ -20,7 +20,8 @@ import torch
 from torch import Tensor, nn
 from torch.fx import GraphModule
 
-from tests.transforms.models import CASES, MLP, ModelCase, NanoGPT, unit_backward
+from tests.helpers import parameter_grads, unit_backward
+from tests.transforms.models import CASES, MLP, ModelCase, NanoGPT
 from unit_scaling.transforms import compile, simulate_fp8, track_scales, unit_scale
 
 
@@ -58,10 +59,6 @@ class Recorder:
         )
 
 
-def _grads(model: nn.Module) -> list[Tensor]:
-    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
-
-
 def _zero_grads(model: nn.Module) -> None:
     for p in model.parameters():
         p.grad = None
@@ -86,7 +83,7 @@ def _compare(
         eager = copy.deepcopy(compiled_module)
         expected = case.run(eager)
         unit_backward(expected)
-        expected_grads = _grads(eager)
+        expected_grads = parameter_grads(eager)
 
     recorder = Recorder(backend)
     compiled = torch.compile(compiled_module, backend=recorder)
@@ -98,12 +95,12 @@ def _compare(
     else:
         expected = first
         unit_backward(expected)
-        expected_grads = _grads(compiled_module)
+        expected_grads = parameter_grads(compiled_module)
     _zero_grads(compiled_module)
     second = case.run(compiled)
     unit_backward(second)
     check(second.detach(), expected.detach())
-    grads = _grads(compiled_module)
+    grads = parameter_grads(compiled_module)
     assert len(grads) == len(expected_grads)
     for got, want in zip(grads, expected_grads, strict=True):
         check(got, want)
@@ -176,7 +173,7 @@ def test_compile_transform_composes() -> None:
         got = case.run(compiled, seed)
         unit_backward(got)
         _close_up_to_fp8_rounding(got.detach(), expected.detach())
-        for a, b in zip(_grads(compiled), _grads(eager), strict=True):
+        for a, b in zip(parameter_grads(compiled), parameter_grads(eager), strict=True):
             _close_up_to_fp8_rounding(a, b)
 
 

@@ -14,7 +14,8 @@ import torch
 from torch import Tensor, nn
 
 import unit_scaling.functional as U
-from tests.transforms.models import CASES, MLP, unit_backward
+from tests.helpers import unit_backward
+from tests.transforms.models import CASES, MLP
 from unit_scaling.transforms import compile, simulate_fp8, track_scales, unit_scale
 from unit_scaling.transforms._engine import (
     Place,
@@ -28,10 +29,6 @@ NANOGPT = CASES["nanogpt"]
 
 def _is_quantiser(node: torch.fx.Node) -> bool:
     return getattr(node.target, "__name__", "").startswith("quantise_")
-
-
-def _grads(model: nn.Module) -> list[Tensor]:
-    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
 def test_track_scales_of_unit_scale() -> None:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import unit_scaling.functional as U
-from tests.transforms.models import unit_backward
+from tests.helpers import parameter_grads, unit_backward
 from unit_scaling.transforms import simulate_fp8, track_scales, unit_scale
 
 WIDTH = 16
@@ -68,10 +68,6 @@ def _reference(model: ExplicitBreak, x: Tensor) -> Tensor:
     return U.linear(x, model.head.weight, model.head.bias, constraint=None)
 
 
-def _grads(model: nn.Module) -> list[Tensor]:
-    return [p.grad.clone() for p in model.parameters()]
-
-
 @pytest.mark.parametrize("cls", [ExplicitBreak, DataDependentBreak])
 def test_every_subgraph_is_unit_scaled(
     cls: type[ExplicitBreak], caplog: pytest.LogCaptureFixture
@@ -85,7 +81,9 @@ def test_every_subgraph_is_unit_scaled(
     torch.testing.assert_close(out, expected)
     unit_backward(out)
     unit_backward(expected)
-    for got, want in zip(_grads(model), _grads(reference), strict=True):
+    for got, want in zip(
+        parameter_grads(model), parameter_grads(reference), strict=True
+    ):
         # The same gradients up to each parameter's calibrated scale.
         cosine = torch.dot(got.flatten(), want.flatten()) / (got.norm() * want.norm())
         assert float(cosine) == pytest.approx(1, abs=1e-5)
@@ -160,6 +158,7 @@ def test_transformers_logger_break_names_the_fix(
     from tests.transforms.models import hf_gpt2
 
     model = hf_gpt2()
+    model.loss_type = None  # as transformers builds it: the loss left unnamed
     ids = torch.randint(64, (2, 8))
     caplog.set_level(logging.WARNING, logger="unit_scaling.transforms")
     unit_scale(model)(input_ids=ids, labels=ids)

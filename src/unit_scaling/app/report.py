@@ -24,71 +24,25 @@ from torch import Tensor, nn
 __all__ = ["HF_FAMILIES", "add_arguments", "load_model", "run"]
 
 
-def _gpt2(size: str) -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    shapes: dict[str, dict[str, Any]] = {
-        "tiny": dict(n_layer=2, n_embd=64, n_head=4),
-        "small": dict(n_layer=12, n_embd=768, n_head=12),
-    }
-    shape = shapes[size]
-    model = GPT2LMHeadModel(GPT2Config(**shape, use_cache=False))
-    model.loss_type = "ForCausalLM"  # else transformers logs in forward (a break)
-    return model
+# Config keywords ``report`` adds to each family's zoo size.
+_REPORT_CONFIG: dict[str, dict[str, Any]] = {
+    "gpt2": dict(use_cache=False),
+    "llama": dict(vocab_size=32000, use_cache=False),
+    "bert": {},
+}
 
 
-def _llama(size: str) -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _hf_family(family: str) -> Callable[[str], nn.Module]:
+    def build(size: str) -> nn.Module:
+        from .. import zoo
 
-    shapes: dict[str, dict[str, Any]] = {
-        "tiny": dict(
-            hidden_size=64,
-            intermediate_size=172,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        ),
-        "small": dict(
-            hidden_size=768,
-            intermediate_size=2048,
-            num_hidden_layers=12,
-            num_attention_heads=12,
-            num_key_value_heads=4,
-        ),
-    }
-    shape = shapes[size]
-    model = LlamaForCausalLM(LlamaConfig(**shape, vocab_size=32000, use_cache=False))
-    model.loss_type = "ForCausalLM"
-    return model
+        return zoo.hf_model(family, size, **_REPORT_CONFIG[family])  # type: ignore[arg-type]
 
-
-def _bert(size: str) -> nn.Module:
-    from transformers import BertConfig, BertForMaskedLM
-
-    shapes: dict[str, dict[str, Any]] = {
-        "tiny": dict(
-            hidden_size=64,
-            intermediate_size=256,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-        ),
-        "small": dict(
-            hidden_size=768,
-            intermediate_size=3072,
-            num_hidden_layers=12,
-            num_attention_heads=12,
-        ),
-    }
-    shape = shapes[size]
-    model = BertForMaskedLM(BertConfig(**shape))
-    model.loss_type = "ForMaskedLM"
-    return model
+    return build
 
 
 HF_FAMILIES: dict[str, Callable[[str], nn.Module]] = {
-    "gpt2": _gpt2,
-    "llama": _llama,
-    "bert": _bert,
+    family: _hf_family(family) for family in _REPORT_CONFIG
 }
 """Hugging Face families ``report`` builds from config (sizes ``tiny``, ``small``)."""
 _SIZES = ("tiny", "small")

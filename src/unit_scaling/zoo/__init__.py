@@ -63,8 +63,18 @@ from . import (
     _vision,
 )
 from ._model import FAMILIES, Family, Inputs, ZooModel
+from ._sized import HF_SIZES, hf_model
 
-__all__ = ["MODELS", "Family", "Inputs", "ZooModel", "get", "names"]
+__all__ = [
+    "HF_SIZES",
+    "MODELS",
+    "Family",
+    "Inputs",
+    "ZooModel",
+    "get",
+    "hf_model",
+    "names",
+]
 
 MODELS: dict[str, ZooModel] = {
     model.name: model
