@@ -1,24 +1,55 @@
-"""The plotting dependencies are optional: a clear error when they are missing."""
+"""The plotting dependencies are optional: ``unit_scaling.analysis`` imports
+without them, its torch-only views work, and the functions that need matplotlib
+or pandas raise an ImportError that says how to install them."""
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
+import textwrap
 
-import pytest
+# Runs in a fresh interpreter where matplotlib and pandas cannot be imported.
+_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.modules["matplotlib"] = None
+    sys.modules["pandas"] = None
+    import torch
+    import unit_scaling as uu
+    import unit_scaling.analysis as analysis
+    from unit_scaling.analysis import scales_graph
+    graph = scales_graph(uu.TransformerDecoder(32, 256, layers=1, heads=2))
+    print("nodes", sum(1 for n in graph.nodes if "metrics" in n.meta) > 0)
+    calls = {
+        "plot": lambda: analysis.plot(graph),
+        "graph_to_dataframe": lambda: analysis.graph_to_dataframe(graph),
+        "coord_check": lambda: analysis.coord_check(None, [64]),
+        "visualiser": lambda: analysis.visualiser(None),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+        except ImportError as error:
+            print(name, "ImportError", "torch-unit-scaling[plot]" in str(error))
+    """
+)
 
 
-@pytest.mark.parametrize("package", ["matplotlib", "pandas"])
-def test_missing_extra_explains_how_to_install(
-    package: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for name in list(sys.modules):
-        if name == "unit_scaling.analysis" or name.startswith("unit_scaling.analysis."):
-            monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, package, None)  # makes `import package` fail
-    with pytest.raises(ImportError, match=r'pip install "torch-unit-scaling\[plot\]"'):
-        importlib.import_module("unit_scaling.analysis")
+def test_analysis_imports_without_the_plot_extra() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:5] == [
+        "nodes True",
+        "plot ImportError True",
+        "graph_to_dataframe ImportError True",
+        "coord_check ImportError True",
+        "visualiser ImportError True",
+    ]
 
 
 def test_core_package_never_needs_the_extra() -> None:

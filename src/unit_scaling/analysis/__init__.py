@@ -1,8 +1,13 @@
 """See where numerics go wrong: scale plots, data frames and coordinate checks.
 
-Needs the ``plot`` extra (matplotlib and pandas)::
+Plots and data frames need the ``plot`` extra (matplotlib and pandas)::
 
     pip install "torch-unit-scaling[plot]"
+
+The package imports without it (matplotlib and pandas are imported when a
+plot or a table is made): :func:`scales_graph`, :func:`example_batch` and
+:func:`language_model_loss` need only torch, and a function that needs the
+extra raises an ``ImportError`` that says how to install it.
 
 Example::
 
@@ -11,16 +16,10 @@ Example::
     >>> ax.figure.savefig("scales.png")
 """
 
-from ._optional import require_plot_extra
-
-require_plot_extra()
-
-# Imported after the check so a missing extra fails with advice, not a traceback
-# from deep inside a submodule.
-from .coord_check import coord_check, coord_check_spread, plot_coord_check  # noqa: E402
-from .dataframe import graph_to_dataframe  # noqa: E402
-from .plot import plot  # noqa: E402
-from .visualiser import example_batch, language_model_loss, scales_graph, visualiser  # noqa: E402
+from .coord_check import coord_check, coord_check_spread, plot_coord_check
+from .dataframe import graph_to_dataframe
+from .plot import plot
+from .visualiser import example_batch, language_model_loss, scales_graph, visualiser
 
 __all__ = [
     "coord_check",

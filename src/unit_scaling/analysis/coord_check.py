@@ -12,17 +12,19 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib.pyplot as plt
-import pandas as pd  # type: ignore[import-untyped,unused-ignore]
 import torch
-from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from .._torch_internals import pytree
 from ._corpus import analysis_corpus
+from ._optional import require_plot_extra
 from .visualiser import LossFn, language_model_loss
+
+if TYPE_CHECKING:  # pandas and matplotlib are imported when a function runs
+    import pandas as pd  # type: ignore[import-untyped,unused-ignore]
+    from matplotlib.figure import Figure
 
 __all__ = ["coord_check", "coord_check_spread", "plot_coord_check"]
 
@@ -157,6 +159,9 @@ def coord_check(
         >>> df = coord_check(make, [64, 128, 256], steps=3, label="u-μP")
         >>> plot_coord_check(df).savefig("coord_check.png")
     """
+    require_plot_extra()
+    import pandas as pd
+
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
     if not widths or any(int(w) != w or w < 1 for w in widths):
@@ -240,6 +245,9 @@ def coord_check_spread(df: pd.DataFrame, by: str = "group") -> pd.DataFrame:
         >>> round(float(row["spread"]), 3), round(float(row["slope"]), 3)
         (0.138, 0.0)
     """
+    require_plot_extra()
+    import pandas as pd
+
     means = _mean_over_layers(df, by)
     rows = []
     for (label, key, step), part in means.groupby(["label", by, "step"], sort=False):
@@ -319,6 +327,9 @@ def plot_coord_check(
         >>> fig = plot_coord_check(pd.concat([umup, sp]), panels=["embedding"])
         >>> fig.savefig("coord_check.png", dpi=150)
     """
+    require_plot_extra()
+    import matplotlib.pyplot as plt
+
     missing = {"label", "width", "step", "rms", by} - set(df.columns)
     if missing:
         raise ValueError(

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-import pandas as pd  # type: ignore[import-untyped,unused-ignore]
 from torch.fx import Graph
 
 from .._fx_names import target_name
 from ..transforms import Metrics
 from ._graph import tracked_nodes
+from ._optional import require_plot_extra
+
+if TYPE_CHECKING:  # pandas is imported when a table is made
+    import pandas as pd  # type: ignore[import-untyped,unused-ignore]
 
 __all__ = ["graph_to_dataframe"]
 
@@ -50,6 +54,9 @@ def graph_to_dataframe(graph: Graph) -> pd.DataFrame:
         >>> df["std"].head(2).round(1).tolist()
         [1.0, 1.1]
     """
+    require_plot_extra()
+    import pandas as pd
+
     rows = []
     for node in tracked_nodes(graph):
         metrics: Metrics = node.meta["metrics"]

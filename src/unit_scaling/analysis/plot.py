@@ -6,16 +6,19 @@ import dataclasses
 import math
 import re
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-import matplotlib.pyplot as plt
-from matplotlib.axes import Axes
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
 from torch.fx import Graph, Node
 
 from ..formats import FP8_E4M3, FP8_E5M2
 from ..transforms import Metrics, prune_non_float_tensors, prune_same_scale_tensors
 from ._graph import check_metric, tracked_nodes
+from ._optional import require_plot_extra
+
+if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
 __all__ = ["plot"]
 
@@ -222,6 +225,8 @@ def _draw_arrows(ax: Axes, rows: list[_Row], metric: str) -> None:
 
 
 def _draw_fp8_ranges(ax: Axes) -> list[Patch]:
+    from matplotlib.patches import Patch
+
     handles = []
     for name, lo, hi, colour in _FP8_RANGES:
         ax.axvspan(lo, hi, color=colour, zorder=0, lw=0)
@@ -285,6 +290,9 @@ def plot(
         >>> ax = plot(model.scales_graph(), title="u-μP decoder")
         >>> ax.figure.savefig("scales.png", dpi=150)
     """
+    require_plot_extra()
+    import matplotlib.pyplot as plt
+
     check_metric(metric)
     tracked_nodes(graph)  # validates the graph before pruning copies it
     graph = prune_non_float_tensors(graph)
@@ -325,6 +333,8 @@ def plot(
         ax.axhline(y - 0.5, color="#eeeeee", lw=0.5, zorder=0.5)
     ax.set_xlabel(f"{Metrics.get_full_name(metric)} (log₂ scale)")
     ax.spines[["left", "right"]].set_visible(False)
+
+    from matplotlib.lines import Line2D
 
     handles = [
         Line2D([], [], ls="", marker="o", color=_FWD_COLOUR, label="forward (tensor)"),

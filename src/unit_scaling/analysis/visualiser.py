@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from matplotlib.axes import Axes
 from torch import Tensor, nn
 from torch.fx import Graph
 
 from ..transforms import track_scales
 from ._corpus import analysis_corpus
+from ._optional import require_plot_extra
 from .plot import plot
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 __all__ = ["example_batch", "language_model_loss", "scales_graph", "visualiser"]
 
@@ -206,6 +209,7 @@ def visualiser(
         >>> ax = visualiser(model, title="unit-scaled GPT-2")
         >>> ax.figure.savefig("gpt2_scales.png")
     """
+    require_plot_extra()  # before the work, not after it
     if batch is None:
         batch = example_batch(batch_size, seq_len, seed=seed, device=_device_of(model))
     graph = scales_graph(model, batch, loss_fn=loss_fn, backward=backward)
