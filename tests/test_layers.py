@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import sys
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,17 @@ def test_private_torch_apis_only_in_their_two_modules() -> None:
     )
     # and the check sees one where there is one
     assert _private_torch_uses(SRC / "unit_scaling" / "_torch_internals.py")
+
+
+TRANSFORMS = ("unit_scale", "track_scales", "simulate_format", "compile")
+
+
+def test_each_transform_builds_on_the_engine_not_on_another_transform() -> None:
+    bad = []
+    for name in TRANSFORMS:
+        for i in _imports(SRC / "unit_scaling" / "transforms" / f"{name}.py"):
+            target = i.target if i.name is None else (*i.target, i.name)
+            for other in TRANSFORMS:
+                if other != name and ("transforms", other) in pairwise(target):
+                    bad.append(f"{_where(i)} imports {'.'.join(target)}")
+    assert not bad, "\n".join(bad)

@@ -16,7 +16,7 @@ from .. import functional as U
 from ..formats import FP8_E4M3, FP8_E5M2, FPFormat
 from ._engine import GraphPass, Place, Transform, apply_transform
 from ._graph import is_float_tensor_node
-from .unit_scale import UNIT_SCALED_FUNCTIONS
+from ._rules import UNIT_SCALED_FUNCTIONS
 
 __all__ = ["simulate_format", "simulate_fp8"]
 

@@ -46,8 +46,8 @@ from ._engine import (
     transform_state,
 )
 from ._graph import example_value
+from ._rules import UNIT_SCALED_FUNCTIONS
 from ._targets import calibrated_scale
-from .unit_scale import UNIT_SCALED_FUNCTIONS
 
 __all__ = [
     "Metrics",
