@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 import unit_scaling as uu
+from unit_scaling.app import training
 from unit_scaling.app.baseline import StandardTransformerDecoder
 from unit_scaling.data import VOCAB_SIZE, Corpus
 
@@ -71,15 +72,6 @@ def validation_set(
     ]
 
 
-@torch.no_grad()
-def evaluate(model: nn.Module, batches: list[Tensor]) -> float:
-    """Mean loss over ``batches`` in eval mode."""
-    model.eval()
-    loss = sum(model.loss(b).item() for b in batches) / len(batches)  # type: ignore[operator]
-    model.train()
-    return loss
-
-
 @dataclass
 class Curve:
     """Losses of one training run."""
@@ -110,45 +102,30 @@ def train(
     warmup: int = 0,
     eval_every: int = 0,
 ) -> Curve:
-    """Train for ``steps`` optimizer steps of ``accumulate`` micro-batches each.
-
-    The loss of a step is the mean over all its micro-batches, so each
-    micro-batch's loss is divided by ``accumulate`` before ``backward`` (its
-    gradients get that much smaller too: what a large global batch does to
-    them). ``loss_scale`` multiplies the loss before ``backward`` and divides the
-    gradients after, as mixed-precision recipes do. The learning rate follows
-    :func:`lr_factor`; the validation loss is measured every ``eval_every`` steps
-    (0: only at the start and the end). Stops at the first non-finite loss.
-    """
-    start = time.perf_counter()
-    curve = Curve()
-    base_lrs = [group["lr"] for group in optimizer.param_groups]
-    params = [p for p in model.parameters() if p.requires_grad]
-    batch_iter = iter(batches)
-    curve.eval_steps.append(0)
-    curve.val_loss.append(evaluate(model, validation))
-    for step in range(1, steps + 1):
-        for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
-            group["lr"] = lr * lr_factor(step, steps, warmup)
-        optimizer.zero_grad(set_to_none=True)
-        loss = 0.0
-        for _ in range(accumulate):
-            micro_loss = model.loss(next(batch_iter)) / accumulate  # type: ignore[operator]
-            (micro_loss * loss_scale).backward()
-            loss += micro_loss.item()
-        if loss_scale != 1.0:
-            for p in params:
-                if p.grad is not None:
-                    p.grad.div_(loss_scale)
-        optimizer.step()
-        curve.train_loss.append(loss)
-        if not math.isfinite(loss):
-            break
-        if step == steps or (eval_every and step % eval_every == 0):
-            curve.eval_steps.append(step)
-            curve.val_loss.append(evaluate(model, validation))
-    curve.seconds = time.perf_counter() - start
-    return curve
+    """The package's training loop (:func:`unit_scaling.app.training.train`)
+    with the experiments' learning-rate schedule (:func:`lr_factor`) and no
+    progress bar: ``steps`` optimizer steps of ``accumulate`` micro-batches
+    each, ``loss_scale`` as there; the validation loss is measured every
+    ``eval_every`` steps (0: only at the start and the end)."""
+    history = training.train(
+        model,
+        model.loss,  # type: ignore[arg-type]
+        optimizer,
+        iter(batches),
+        steps,
+        validation,
+        eval_every,
+        progress=False,
+        schedule=lambda step: lr_factor(step, steps, warmup),
+        accumulate=accumulate,
+        loss_scale=loss_scale,
+    )
+    return Curve(
+        history.train_loss,
+        history.eval_steps,
+        history.validation_loss,
+        history.seconds,
+    )
 
 
 def _one_thread(fn: Callable[[T], R], task: T) -> R:

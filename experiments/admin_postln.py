@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import admin_torch
+from unit_scaling.app import training
 from unit_scaling.data import VOCAB_SIZE, Corpus
 
 VARIANTS = (
@@ -137,20 +137,6 @@ def build(variant: str, cfg: Config, corpus: Corpus) -> LanguageModel:
     return model
 
 
-@torch.no_grad()
-def evaluate(model: LanguageModel, cfg: Config, corpus: Corpus) -> float:
-    model.eval()
-    generator = torch.Generator().manual_seed(cfg.seed + 1)
-    losses = [
-        model.loss(
-            corpus.get_batch("validation", cfg.batch_size, cfg.seq_len, generator)
-        )
-        for _ in range(cfg.eval_batches)
-    ]
-    model.train()
-    return torch.stack(losses).mean().item()
-
-
 @dataclass
 class Result:
     variant: str
@@ -184,21 +170,30 @@ def train(variant: str, cfg: Config, corpus: Corpus) -> Result:
     ]
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98))
     stream = corpus.batches("train", cfg.batch_size, cfg.seq_len, seed=cfg.seed)
-    result = Result(variant, omegas, [], [], [], seconds=0.0)
-    start = time.perf_counter()
-    for step in range(1, cfg.steps + 1):
-        loss = model.loss(next(stream))
-        result.train_losses.append(loss.item())
-        if result.diverged:
-            break  # nothing more to learn from this run
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            result.val_steps.append(step)
-            result.val_losses.append(evaluate(model, cfg, corpus))
-    result.seconds = time.perf_counter() - start
-    return result
+    generator = torch.Generator().manual_seed(cfg.seed + 1)
+    validation = [
+        corpus.get_batch("validation", cfg.batch_size, cfg.seq_len, generator)
+        for _ in range(cfg.eval_batches)
+    ]
+    history = training.train(
+        model,
+        model.loss,
+        optimizer,
+        stream,
+        cfg.steps,
+        validation,
+        cfg.eval_every,
+        progress=False,
+    )
+    # The loop evaluates at step 0 too; the table and plot start after it.
+    return Result(
+        variant,
+        omegas,
+        history.train_loss,
+        history.eval_steps[1:],
+        history.validation_loss[1:],
+        history.seconds,
+    )
 
 
 def _smooth(values: list[float], weight: float) -> list[float]:

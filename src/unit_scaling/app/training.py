@@ -1,4 +1,4 @@
-"""A minimal, readable training loop shared by the demo, the CLI and experiments."""
+"""The one training loop of the demo, the CLI and the experiments."""
 
 from __future__ import annotations
 
@@ -23,11 +23,17 @@ class History:
     eval_steps: list[int] = field(default_factory=list)
     validation_loss: list[float] = field(default_factory=list)
     tokens_per_second: float = math.nan
+    seconds: float = 0.0  # wall time of the whole run, evaluations included
 
     @property
     def diverged(self) -> bool:
         """True if any recorded loss is not finite."""
         return not all(math.isfinite(x) for x in self.train_loss + self.validation_loss)
+
+    @property
+    def final_validation(self) -> float:
+        """The last validation loss; NaN for a run that diverged."""
+        return self.validation_loss[-1] if not self.diverged else math.nan
 
 
 class _NoBar:
@@ -75,6 +81,9 @@ def train(
     description: str = "train",
     progress: bool = True,
     schedule: Callable[[int], float] | None = None,
+    *,
+    accumulate: int = 1,
+    loss_scale: float = 1.0,
 ) -> History:
     """Train for ``steps`` steps, evaluating on ``validation_batches`` periodically.
 
@@ -85,14 +94,23 @@ def train(
         batches: an endless iterator of training batches.
         steps: number of optimizer steps.
         validation_batches: evaluated at step 0, every ``eval_every`` and at the end.
-        eval_every: evaluation period in steps.
+        eval_every: evaluation period in steps (0: only at the start and end).
         description: the progress bar's label.
         progress: show a progress bar (needs ``tqdm``, in the ``app`` extra:
             ``pip install "torch-unit-scaling[app]"``).
         schedule: optional learning-rate multiplier ``step → factor``.
+        accumulate: micro-batches per step. The step's loss is their mean, so
+            each micro-batch's loss is divided by ``accumulate`` before
+            ``backward`` (its gradients get that much smaller too: what a large
+            global batch does to them).
+        loss_scale: multiplies the loss before ``backward`` and divides the
+            gradients after, as mixed-precision recipes do.
 
     Stops early (recording NaN) if the loss stops being finite.
     """
+    if accumulate < 1:
+        raise ValueError(f"accumulate must be >= 1, got {accumulate}")
+    run_start = time.perf_counter()
     history = History()
     base_lrs = [group["lr"] for group in optimizer.param_groups]
     tokens = 0
@@ -110,22 +128,32 @@ def train(
         if schedule is not None:
             for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
                 group["lr"] = lr * schedule(step)
-        batch = next(batches)
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(batch)
-        loss.backward()  # type: ignore[no-untyped-call]
+        value = 0.0
+        for _ in range(accumulate):
+            batch = next(batches)
+            loss = loss_fn(batch)
+            if accumulate > 1:
+                loss = loss / accumulate
+            scaled = loss if loss_scale == 1.0 else loss * loss_scale
+            scaled.backward()  # type: ignore[no-untyped-call]
+            value += loss.item()
+            tokens += batch[:, 1:].numel()
+        if loss_scale != 1.0:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.div_(loss_scale)
         optimizer.step()
-        value = loss.item()
         elapsed += time.perf_counter() - start
-        tokens += batch[:, 1:].numel()
         history.steps.append(step)
         history.train_loss.append(value)
         if not math.isfinite(value):
             history.eval_steps.append(step)
             history.validation_loss.append(math.nan)
             break
-        if step % eval_every == 0 or step == steps:
+        if step == steps or (eval_every and step % eval_every == 0):
             record_validation(step)
             bar.set_postfix(
                 loss=f"{value:.3f}", val=f"{history.validation_loss[-1]:.3f}"
@@ -133,4 +161,5 @@ def train(
         bar.update()
     bar.close()
     history.tokens_per_second = tokens / elapsed if elapsed else math.nan
+    history.seconds = time.perf_counter() - run_start
     return history
