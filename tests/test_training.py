@@ -86,3 +86,44 @@ def test_progress_bar_needs_tqdm_only_when_asked_for(
     assert history.steps == [1, 2]
     with pytest.raises(ImportError, match=r"torch-unit-scaling\[app\].*progress=False"):
         train(model, model.loss, optimizer, batches, 2, validation, 1, "t", True)
+
+
+def test_accumulation_and_loss_scaling_keep_the_update() -> None:
+    # Two micro-batches of the same batch give that batch's gradient; a
+    # power-of-two loss scale is undone exactly. Each run: one SGD step.
+    params = {}
+    for accumulate, loss_scale in ((1, 1.0), (2, 1.0), (1, 1024.0)):
+        model, batches, validation = _setup()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        history = train(
+            model,
+            model.loss,
+            optimizer,
+            batches,
+            1,
+            validation,
+            0,
+            "t",
+            False,
+            accumulate=accumulate,
+            loss_scale=loss_scale,
+        )
+        assert history.eval_steps == [0, 1]  # eval_every=0: start and end only
+        assert history.seconds > 0
+        params[accumulate, loss_scale] = torch.cat(
+            [p.detach().flatten() for p in model.parameters()]
+        )
+    reference = params[1, 1.0]
+    torch.testing.assert_close(params[2, 1.0], reference)
+    assert torch.equal(params[1, 1024.0], reference)
+    with pytest.raises(ValueError, match="accumulate must be >= 1"):
+        model, batches, validation = _setup()
+        train(
+            model,
+            model.loss,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            batches,
+            1,
+            validation,
+            accumulate=0,
+        )
