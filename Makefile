@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-all bench lint typecheck clean
+.PHONY: setup demo test test-all bench lint docs typecheck clean
 
 setup: $(STAMP)
 
@@ -33,5 +33,9 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check src tests benchmarks experiments examples
 	$(PY) -m mypy
 
+# The documentation site (MkDocs + mkdocstrings), warnings as errors.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) out site .pytest_cache .mypy_cache .ruff_cache

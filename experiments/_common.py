@@ -27,7 +27,7 @@ from unit_scaling.app import training
 from unit_scaling.app.baseline import StandardTransformerDecoder
 from unit_scaling.data import VOCAB_SIZE, Corpus
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "results"
 HEAD_SIZE = 32
 PARAMETRISATIONS = ("SP", "u-μP")
 T = TypeVar("T")

@@ -12,7 +12,7 @@ optimizer (Adam, constant learning rate, no warmup, no gradient clipping):
 * ``Pre-LN``: ``x + f(LN(x))``, the usual stable baseline.
 
 Writes ``admin_postln.png`` (loss curves) and ``admin_postln.md`` (final losses) to
-``--out-dir`` (default ``docs/``)::
+``--out-dir`` (default ``docs/results/``)::
 
     .venv/bin/python experiments/admin_postln.py
     .venv/bin/python experiments/admin_postln.py --steps 50 --layers 12 --lr 1e-3
@@ -269,7 +269,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
             f"--{name.replace('_', '-')}", type=type(value), default=value
         )
     parser.add_argument(
-        "--out-dir", type=Path, default=Path(__file__).parent.parent / "docs"
+        "--out-dir",
+        type=Path,
+        default=Path(__file__).parent.parent / "docs" / "results",
     )
     args = vars(parser.parse_args(argv))
     out_dir: Path = args.pop("out_dir")

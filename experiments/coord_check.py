@@ -4,8 +4,8 @@ Trains ``uu.TransformerDecoder`` with ``uu.optim.AdamW`` (u-μP) and the same
 architecture in the standard parametrisation (``StandardTransformerDecoder`` with
 ``torch.optim.AdamW`` at one fixed learning rate) at widths 64 to 512 for a few
 steps on the built-in corpus, recording the RMS of every layer's output. Writes
-``docs/img/coord_check.png`` and ``docs/coord_check.md``. A few minutes on 2 CPU
-cores::
+``docs/results/img/coord_check.png`` and ``docs/results/coord_check.md``. A few
+minutes on 2 CPU cores::
 
     python experiments/coord_check.py
 """
@@ -106,7 +106,7 @@ def main() -> None:
             f"{args.steps} AdamW steps (u-μP lr {UMUP_LR:g}, SP lr {SP_LR:g})"
         ),
     )
-    image = ROOT / "docs" / "img" / "coord_check.png"
+    image = ROOT / "docs" / "results" / "img" / "coord_check.png"
     image.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(image, dpi=130)
 
@@ -151,7 +151,7 @@ the logits: μP's readout multiplier 1/fan_in makes them shrink like width^-½ a
 initialisation by design, and training lifts them to a width-independent value
 within a few steps.
 """
-    (ROOT / "docs" / "coord_check.md").write_text(report)
+    (ROOT / "docs" / "results" / "coord_check.md").write_text(report)
     print(report)
 
 

@@ -16,7 +16,7 @@ zero and of its gradients that E5M2 flushes to zero (or saturates), measured on
 the FP32 models at initialisation and after training, for one micro-batch of the
 global batch; and how the fraction of flushed gradients grows with the global
 batch. Writes ``fp8_training.png``, ``fp8_underflow.png`` and
-``fp8_training.md`` to ``--out`` (default ``docs/``)::
+``fp8_training.md`` to ``--out`` (default ``docs/results/``)::
 
     .venv/bin/python experiments/fp8_training.py
     .venv/bin/python experiments/fp8_training.py --steps 100 --accumulate 1

@@ -14,7 +14,7 @@ model also returns; recognise norms inside a larger uncovered region.)
     python experiments/heldout.py            # every model (about 4 minutes)
     python experiments/heldout.py gemma3     # some
 
-Writes ``docs/heldout.md``. Needs the ``zoo`` extra (``transformers``).
+Writes ``docs/results/heldout.md``. Needs the ``zoo`` extra (``transformers``).
 """
 
 from __future__ import annotations
@@ -488,7 +488,7 @@ def main() -> None:
         for r in results
         if r not in ok
     )
-    (ROOT / "docs" / "heldout.md").write_text(
+    (ROOT / "docs" / "results" / "heldout.md").write_text(
         "# `unit_scale` on architectures outside the zoo\n\n"
         "Written by `python experiments/heldout.py` (see its docstring for what "
         "is measured and which of these informed a rule). Each cell "

@@ -7,7 +7,7 @@ standard parametrisation (SP: ``StandardTransformerDecoder`` with GPT-2 init and
 initial seed, training batches and validation set for every run. Writes
 ``lr_transfer.png`` (validation loss against learning rate, one curve per width,
 optimum marked) and ``lr_transfer.md`` (every loss, the optimum per width and its
-shift across widths in grid steps) to ``--out`` (default ``docs/``)::
+shift across widths in grid steps) to ``--out`` (default ``docs/results/``)::
 
     .venv/bin/python experiments/lr_transfer.py
     .venv/bin/python experiments/lr_transfer.py --widths 64 128 --steps 100

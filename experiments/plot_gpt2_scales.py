@@ -2,8 +2,9 @@
 
 Builds a Hugging Face ``GPT2LMHeadModel`` from a config (random weights, nothing
 downloaded), tracks the scale of every tensor through one forward and backward
-pass on the built-in corpus, and writes ``docs/img/scales_plain_gpt2.png`` and
-``docs/img/scales_unit_scaled_gpt2.png``::
+pass on the built-in corpus, and writes
+``docs/results/img/scales_plain_gpt2.png`` and
+``docs/results/img/scales_unit_scaled_gpt2.png``::
 
     python experiments/plot_gpt2_scales.py
 """
@@ -44,7 +45,7 @@ def main() -> None:
     }
     for name, (m, title) in models.items():
         ax = visualiser(m, batch, title=title)
-        path = ROOT / "docs" / "img" / f"scales_{name}_gpt2.png"
+        path = ROOT / "docs" / "results" / "img" / f"scales_{name}_gpt2.png"
         ax.figure.savefig(path, dpi=120)
         plt.close(ax.figure)
         print("wrote", path.relative_to(ROOT))

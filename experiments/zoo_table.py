@@ -1,4 +1,4 @@
-"""The model-zoo table of the README: how ``unit_scale`` does on every
+"""The model-zoo table of the results pages: how ``unit_scale`` does on every
 architecture of ``unit_scaling.zoo``.
 
 For each model: the fraction of parameter gradients and of tracked tensors at
@@ -11,8 +11,7 @@ previous model), one at a time.
     python experiments/zoo_table.py            # every model (about 20 minutes)
     python experiments/zoo_table.py gpt2 t5    # some
 
-Writes ``docs/zoo.md`` and the table between the ``zoo-table`` markers of the
-README.
+Writes ``docs/results/zoo.md``.
 """
 
 from __future__ import annotations
@@ -20,14 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import re
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-MARKERS = ("<!-- zoo-table: start -->", "<!-- zoo-table: end -->")
 
 
 def measure(name: str) -> dict[str, Any]:
@@ -96,7 +93,7 @@ def write(results: list[dict[str, Any]]) -> None:
         + (", ".join(below) or "none")
         + "."
     )
-    docs = ROOT / "docs" / "zoo.md"
+    docs = ROOT / "docs" / "results" / "zoo.md"
     details = "\n".join(
         f"- **{r['name']}** ({r['features']}): {r['failing']}" for r in results
     )
@@ -107,12 +104,6 @@ def write(results: list[dict[str, Any]]) -> None:
         f"{text}\n\n{note}\n\n## What each model leaves off unit scale\n\n"
         f"{details}\n"
     )
-    readme = ROOT / "README.md"
-    content = readme.read_text()
-    if MARKERS[0] in content:
-        pattern = re.escape(MARKERS[0]) + ".*?" + re.escape(MARKERS[1])
-        replacement = f"{MARKERS[0]}\n{text}\n\n{note}\n{MARKERS[1]}"
-        readme.write_text(re.sub(pattern, lambda _: replacement, content, flags=re.S))
 
 
 def main() -> None:

@@ -77,7 +77,8 @@ def test_umup_stays_flat_across_width_and_sp_spreads(results: pd.DataFrame) -> N
     spread = coord_check_spread(results)
     last = spread[spread["step"] == STEPS]
     # the readout is excluded: μP makes logits vanish like 1/sqrt(width) at init,
-    # a trend that a couple of steps only start to undo (see docs/coord_check.md)
+    # a trend that a couple of steps only start to undo (see
+    # docs/results/coord_check.md)
     shared = ["layers.*", "embedding", "layers.*.mlp.linear_2"]
     by_label = {
         label: part.set_index("group")["spread"]

@@ -83,7 +83,7 @@ def test_optimum_and_shift(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_fp8_finding_on_default_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The documented result (docs/fp8_training.md): ~10 min on 2 idle cores."""
+    """The documented result (docs/results/fp8_training.md): ~10 min on 2 idle cores."""
     runs = _load("fp8_training", monkeypatch).main(["--out", str(tmp_path)])
     final = {name: curve.final_val for name, curve in runs.items()}
     assert final["u-μP FP8"] < 1.02 * final["u-μP FP32"]

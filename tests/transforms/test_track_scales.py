@@ -94,6 +94,36 @@ def test_parameter_clean_names_are_parameter_names(
     assert names == set(dict(tracked.model.named_parameters()))
 
 
+def _passes_self_as_args(forward: Any) -> Any:
+    """A decorator in the style of transformers' ``can_return_tuple``."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return forward(*args, **kwargs)
+
+    return wrapper
+
+
+class _WrappedForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(8, 8)
+
+    @_passes_self_as_args
+    def forward(self, x: Tensor) -> Tensor:
+        return self.inner(x).relu()
+
+
+def test_clean_names_through_a_forward_decorator() -> None:
+    model = track_scales(_WrappedForward())
+    model(torch.randn(4, 8)).sum().backward()
+    names = {
+        n.meta["clean_name"]
+        for n in model.scales_graph().nodes
+        if n.meta.get("requires_grad")
+    }
+    assert names == {"inner.weight", "inner.bias"}
+
+
 def test_no_nan_presented_as_a_scale(
     tracked: Tracked, request: pytest.FixtureRequest
 ) -> None:

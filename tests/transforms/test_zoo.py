@@ -25,7 +25,7 @@ MIN_FRACTION = 0.9
 # Architectures that do not reach MIN_FRACTION yet (issue 11 stays open for
 # them): name -> (floor, why). The floor is the measured minimum over both shape
 # sets of the parameter and tensor fractions, less a margin, so that a
-# regression fails here; docs/zoo.md has the full table. Each entry is removed
+# regression fails here; docs/results/zoo.md has the full table. Each entry is removed
 # once the architecture reaches MIN_FRACTION.
 SHORTFALL: dict[str, tuple[float, str]] = {
     "gemma2": (

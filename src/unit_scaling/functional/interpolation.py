@@ -233,8 +233,9 @@ def interpolate(
 
     Args:
         input: ``(N, C, *spatial)`` with 1 to 3 spatial dims.
-        size, scale_factor, mode, align_corners, recompute_scale_factor,
-            antialias: as in torch (every mode torch supports).
+        size, scale_factor, mode, align_corners: as in torch (every mode
+            torch supports).
+        recompute_scale_factor, antialias: as in torch.
         constraint: applied to ``(alpha, beta)``; see
             :mod:`unit_scaling.constraints`.
 

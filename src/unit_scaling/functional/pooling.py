@@ -234,8 +234,8 @@ def avg_pool2d(
 
     Args:
         input: ``(N, C, H, W)`` or ``(C, H, W)``.
-        kernel_size, stride, padding, ceil_mode, count_include_pad,
-            divisor_override: as in torch.
+        kernel_size, stride, padding: as in torch.
+        ceil_mode, count_include_pad, divisor_override: as in torch.
         constraint: applied to ``(alpha, beta)``; see
             :mod:`unit_scaling.constraints`.
 
@@ -276,8 +276,8 @@ def avg_pool3d(
 
     Args:
         input: ``(N, C, D, H, W)`` or ``(C, D, H, W)``.
-        kernel_size, stride, padding, ceil_mode, count_include_pad,
-            divisor_override: as in torch.
+        kernel_size, stride, padding: as in torch.
+        ceil_mode, count_include_pad, divisor_override: as in torch.
         constraint: applied to ``(alpha, beta)``; see
             :mod:`unit_scaling.constraints`.
 

@@ -152,9 +152,23 @@ def _source_steps(source: Any) -> tuple[str, list[_Step]] | None:
         source = source.base
 
 
+def _reads_module(steps: list[_Step]) -> bool:
+    """Whether ``steps`` start by reading a module's children or tensors."""
+    return bool(steps) and steps[0][1] in (
+        "_modules",
+        "_parameters",
+        "_buffers",
+        "__dict__",
+    )
+
+
 def _readable_name(root: str, steps: list[_Step], self_name: str) -> str:
     """``self._modules['h']._modules['0']._parameters['weight']`` -> ``h.0.weight``."""
     omit = root in (self_name, "kwargs", "fn") or root.endswith("self")
+    if root == "args" and steps[:1] == [("item", 0)] and _reads_module(steps[1:]):
+        # A forward wrapped by a ``def wrapper(*args, **kwargs)`` decorator
+        # (transformers >= 5.24 wraps its models' forwards): ``self`` is args[0].
+        omit, steps = True, steps[1:]
     parts = [] if omit else [root]
     for kind, key in steps:
         if kind == "attr" and key in ("_modules", "_parameters", "_buffers"):
