@@ -174,15 +174,11 @@ def run_all(
     return results
 
 
-def add_run_arguments(parser: argparse.ArgumentParser, defaults: Any) -> None:
-    """The options every experiment shares, defaulting to ``defaults``' fields:
-    ``--layers``, ``--seq-len``, ``--warmup``, ``--val-batches``, ``--seed``,
-    ``--jobs`` and ``--out``."""
-    parser.add_argument("--layers", type=int, default=defaults.layers)
-    parser.add_argument("--seq-len", type=int, default=defaults.seq_len)
-    parser.add_argument("--warmup", type=int, default=defaults.warmup)
-    parser.add_argument("--val-batches", type=int, default=defaults.val_batches)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+def run_parser(description: str | None) -> argparse.ArgumentParser:
+    """A parser with the options of how an experiment runs, not what it runs
+    (``--jobs`` and ``--out``); the experiment's ``Config`` adds the rest
+    (:func:`unit_scaling.app.config.parse_config`)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--jobs",
         type=int,
@@ -190,6 +186,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, defaults: Any) -> None:
         help="runs in parallel, one thread each (default: CPU count)",
     )
     parser.add_argument("--out", type=Path, default=DOCS)
+    return parser
 
 
 def default_jobs() -> int:

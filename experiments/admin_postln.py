@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 import admin_torch
 from unit_scaling.app import training
+from unit_scaling.app.config import parse_config
 from unit_scaling.data import VOCAB_SIZE, Corpus
 
 VARIANTS = (
@@ -262,20 +263,14 @@ def table(results: list[Result], cfg: Config) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[Result]:
-    defaults = Config()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for name, value in asdict(defaults).items():
-        parser.add_argument(
-            f"--{name.replace('_', '-')}", type=type(value), default=value
-        )
     parser.add_argument(
         "--out-dir",
         type=Path,
         default=Path(__file__).parent.parent / "docs" / "results",
     )
-    args = vars(parser.parse_args(argv))
-    out_dir: Path = args.pop("out_dir")
-    cfg = Config(**args)
+    cfg, args = parse_config(Config, argv, parser=parser)
+    out_dir: Path = args.out_dir
     corpus = Corpus(max_bytes=cfg.max_bytes)
     results = []
     for variant in VARIANTS:

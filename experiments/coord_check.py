@@ -12,9 +12,10 @@ minutes on 2 CPU cores::
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -23,10 +24,24 @@ import torch
 import unit_scaling as uu
 from unit_scaling.analysis import coord_check, coord_check_spread, plot_coord_check
 from unit_scaling.app.baseline import StandardTransformerDecoder
+from unit_scaling.app.config import parse_config, setting
 
 ROOT = Path(__file__).resolve().parents[1]
-VOCAB, LAYERS, HEAD_SIZE = 256, 2, 32
-UMUP_LR, SP_LR = 2**-3, 2**-7
+VOCAB = 256
+
+
+@dataclass(frozen=True)
+class Config:
+    widths: tuple[int, ...] = (64, 128, 256, 512)
+    layers: int = 2
+    head_size: int = 32
+    steps: int = setting(10, "AdamW steps at each width")
+    batch_size: int = 16
+    seq_len: int = 64
+    lr_umup: float = 2**-3
+    lr_sp: float = 2**-7
+
+
 # Layers both models share, under the same attribute names.
 PANELS = {
     "embedding": "embedding",
@@ -39,14 +54,25 @@ PANELS = {
 }
 
 
-def make_umup(width: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    model = uu.TransformerDecoder(width, VOCAB, LAYERS, heads=width // HEAD_SIZE)
-    return model, uu.optim.AdamW(model.parameters(), lr=UMUP_LR)
+Factory = Callable[[int], tuple[torch.nn.Module, torch.optim.Optimizer]]
 
 
-def make_sp(width: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    model = StandardTransformerDecoder(width, VOCAB, LAYERS, heads=width // HEAD_SIZE)
-    return model, torch.optim.AdamW(model.parameters(), lr=SP_LR)
+def make_umup(config: Config) -> Factory:
+    def make(width: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        heads = width // config.head_size
+        model = uu.TransformerDecoder(width, VOCAB, config.layers, heads)
+        return model, uu.optim.AdamW(model.parameters(), lr=config.lr_umup)
+
+    return make
+
+
+def make_sp(config: Config) -> Factory:
+    def make(width: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        heads = width // config.head_size
+        model = StandardTransformerDecoder(width, VOCAB, config.layers, heads)
+        return model, torch.optim.AdamW(model.parameters(), lr=config.lr_sp)
+
+    return make
 
 
 def role(module_name: str) -> str:
@@ -72,25 +98,20 @@ def markdown_table(spread: pd.DataFrame, step: int) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--widths", type=int, nargs="+", default=[64, 128, 256, 512])
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=64)
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    config, _ = parse_config(Config, argv, __doc__.split("\n")[0])
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
     start = time.perf_counter()
     options = {
-        "steps": args.steps,
-        "batch_size": args.batch_size,
-        "seq_len": args.seq_len,
+        "steps": config.steps,
+        "batch_size": config.batch_size,
+        "seq_len": config.seq_len,
     }
     df = pd.concat(
         [
-            coord_check(make_umup, args.widths, label="u-μP", **options),
-            coord_check(make_sp, args.widths, label="SP", **options),
+            coord_check(make_umup(config), config.widths, label="u-μP", **options),
+            coord_check(make_sp(config), config.widths, label="SP", **options),
         ]
     )
     df["role"] = df["module"].map(role)
@@ -102,8 +123,9 @@ def main() -> None:
         by="role",
         panels=list(PANELS.values()),
         title=(
-            f"Coordinate check: {LAYERS}-layer decoder, head size {HEAD_SIZE}, "
-            f"{args.steps} AdamW steps (u-μP lr {UMUP_LR:g}, SP lr {SP_LR:g})"
+            f"Coordinate check: {config.layers}-layer decoder, head size "
+            f"{config.head_size}, {config.steps} AdamW steps (u-μP lr "
+            f"{config.lr_umup:g}, SP lr {config.lr_sp:g})"
         ),
     )
     image = ROOT / "docs" / "results" / "img" / "coord_check.png"
@@ -111,18 +133,19 @@ def main() -> None:
     fig.savefig(image, dpi=130)
 
     spread = coord_check_spread(df, by="role")
-    last = args.steps
+    last = config.steps
     summary = spread[spread["step"] == last].groupby("label")["spread"]
     report = f"""# Coordinate check
 
 `python experiments/coord_check.py` ({elapsed:.0f} s on {os.cpu_count()} CPU cores)
-trains a {LAYERS}-layer decoder at widths {", ".join(map(str, args.widths))}
-for {args.steps} AdamW steps (batch {args.batch_size} × {args.seq_len} byte tokens
+trains a {config.layers}-layer decoder at widths {", ".join(map(str, config.widths))}
+for {config.steps} AdamW steps (batch {config.batch_size} × {config.seq_len} byte tokens
 of the built-in corpus, the same batches at every width) and records the RMS
 of every layer's output (layers of one kind averaged over depth, geometric mean):
 
-- **u-μP**: `uu.TransformerDecoder` + `uu.optim.AdamW(lr={UMUP_LR:g})`;
-- **SP**: `StandardTransformerDecoder` (GPT-2 init) + `torch.optim.AdamW(lr={SP_LR:g})`.
+- **u-μP**: `uu.TransformerDecoder` + `uu.optim.AdamW(lr={config.lr_umup:g})`;
+- **SP**: `StandardTransformerDecoder` (GPT-2 init) +
+  `torch.optim.AdamW(lr={config.lr_sp:g})`.
 
 ![coordinate check](img/coord_check.png)
 

@@ -24,7 +24,6 @@ batch. Writes ``fp8_training.png``, ``fp8_underflow.png`` and
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -36,12 +35,12 @@ import torch
 import torch.nn.functional as F
 from _common import (
     Curve,
-    add_run_arguments,
     make_model,
     make_optimizer,
     markdown_table,
     reflow,
     run_all,
+    run_parser,
     timing_note,
     train,
     validation_set,
@@ -50,6 +49,7 @@ from torch import Tensor, nn
 
 import unit_scaling.functional as U
 from unit_scaling.analysis import graph_to_dataframe
+from unit_scaling.app.config import parse_config, setting
 from unit_scaling.data import Corpus
 from unit_scaling.formats import FP8_E4M3, FP8_E5M2, FPFormat
 from unit_scaling.transforms import simulate_format, track_scales
@@ -70,16 +70,18 @@ class Config:
     steps: int = 300
     width: int = 128
     layers: int = 2
-    batch_size: int = 16
+    batch_size: int = setting(16, "micro-batch rows")
     seq_len: int = 64
-    accumulate: int = 4
+    accumulate: int = setting(4, "micro-batches per optimizer step")
     lr_sp: float = 2**-9
     lr_umup: float = 2**0
     warmup: int = 30
     loss_scale: float = 2**12
     eval_every: int = 25
     val_batches: int = 8
-    sweep: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    sweep: tuple[int, ...] = setting(
+        (1, 2, 4, 8, 16, 32, 64), "accumulation counts of the underflow panel"
+    )
     seed: int = 0
 
     @property
@@ -537,39 +539,8 @@ u-μP's stays near zero — a static loss scale only shifts SP's curve:
 """)
 
 
-def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
-    d = Config()
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--width", type=int, default=d.width)
-    p.add_argument(
-        "--batch-size", type=int, default=d.batch_size, help="micro-batch rows"
-    )
-    p.add_argument(
-        "--accumulate",
-        type=int,
-        default=d.accumulate,
-        help="micro-batches per optimizer step (default: %(default)s)",
-    )
-    p.add_argument("--lr-sp", type=float, default=d.lr_sp)
-    p.add_argument("--lr-umup", type=float, default=d.lr_umup)
-    p.add_argument("--loss-scale", type=float, default=d.loss_scale)
-    p.add_argument("--eval-every", type=int, default=d.eval_every)
-    p.add_argument(
-        "--sweep",
-        type=int,
-        nargs="+",
-        default=list(d.sweep),
-        help="accumulation counts for the underflow-vs-batch panel",
-    )
-    add_run_arguments(p, d)
-    args = p.parse_args(argv)
-    fields = {k: getattr(args, k) for k in asdict(d) if k != "sweep"}
-    return Config(**fields, sweep=tuple(args.sweep)), args
-
-
 def main(argv: list[str] | None = None) -> dict[str, Curve]:
-    config, args = parse_args(argv)
+    config, args = parse_config(Config, argv, parser=run_parser(__doc__.split("\n")[0]))
     torch.set_num_threads(1)
     start = time.perf_counter()
     tasks = [(config, v) for v in variants(config)]

@@ -15,7 +15,6 @@ shift across widths in grid steps) to ``--out`` (default ``docs/results/``)::
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -26,34 +25,39 @@ import torch
 from _common import (
     PARAMETRISATIONS,
     Curve,
-    add_run_arguments,
     make_model,
     make_optimizer,
     markdown_table,
     reflow,
     run_all,
+    run_parser,
     timing_note,
     train,
     validation_set,
 )
 
+from unit_scaling.app.config import parse_config, setting
 from unit_scaling.data import Corpus
 
 
 @dataclass(frozen=True)
 class Config:
     widths: tuple[int, ...] = (64, 128, 256, 512)
-    # log2 of the learning rates of each sweep (a ×2 grid)
-    sp_lrs: tuple[int, ...] = tuple(range(-12, -5))
-    umup_lrs: tuple[int, ...] = tuple(range(-3, 4))
+    # each sweep is a ×2 grid of learning rates
+    sp_lrs: tuple[int, ...] = setting(tuple(range(-12, -5)), "log2 of SP's lrs")
+    umup_lrs: tuple[int, ...] = setting(tuple(range(-3, 4)), "log2 of u-μP's lrs")
     layers: int = 2
     batch_size: int = 16
     seq_len: int = 64
     steps: int = 200
     warmup: int = 20
     val_batches: int = 8
-    cap: float = 3.5
+    cap: float = setting(3.5, "plot losses above this (and diverged runs) here")
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("widths", "sp_lrs", "umup_lrs"):  # the plots read them in order
+            object.__setattr__(self, name, tuple(sorted(getattr(self, name))))
 
     def log2_lrs(self, parametrisation: str) -> tuple[int, ...]:
         return self.umup_lrs if parametrisation == "u-μP" else self.sp_lrs
@@ -258,42 +262,8 @@ neighbours (in log₂ lr), a finer estimate than the grid.
 """)
 
 
-def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
-    d = Config()
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--widths", type=int, nargs="+", default=list(d.widths))
-    p.add_argument(
-        "--sp-lrs",
-        type=int,
-        nargs="+",
-        default=list(d.sp_lrs),
-        help="log2 of the SP learning rates (default: %(default)s)",
-    )
-    p.add_argument(
-        "--umup-lrs",
-        type=int,
-        nargs="+",
-        default=list(d.umup_lrs),
-        help="log2 of the u-μP learning rates (default: %(default)s)",
-    )
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument(
-        "--cap",
-        type=float,
-        default=d.cap,
-        help="plot losses above this (and diverged runs) here",
-    )
-    add_run_arguments(p, d)
-    args = p.parse_args(argv)
-    tuples = ("widths", "sp_lrs", "umup_lrs")
-    fields = {k: getattr(args, k) for k in asdict(d)}
-    fields.update({k: tuple(sorted(fields[k])) for k in tuples})
-    return Config(**fields), args
-
-
 def main(argv: list[str] | None = None) -> Losses:
-    config, args = parse_args(argv)
+    config, args = parse_config(Config, argv, parser=run_parser(__doc__.split("\n")[0]))
     torch.set_num_threads(1)
     start = time.perf_counter()
     tasks = [

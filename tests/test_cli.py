@@ -70,9 +70,9 @@ def test_demo_losses_decrease(demo_run: tuple[Path, str]) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["demo", "--steps", "0"], "--steps must be a positive integer"),
-        (["demo", "--width", "30"], "--width must be a multiple"),
-        (["demo", "--lr-umup", "-1"], "--lr-umup must be positive"),
+        (["demo", "--steps", "0"], "steps must be a positive integer"),
+        (["demo", "--width", "30"], "width must be a multiple"),
+        (["demo", "--lr-umup", "-1"], "lr_umup must be positive"),
         (["report", "hf:gpt3"], "unknown Hugging Face model 'hf:gpt3'"),
         (["report", "hf:gpt2:huge"], "size in ['tiny', 'small']"),
         (["report", "no_colon"], "expected package.module:factory"),

@@ -20,22 +20,9 @@ Example::
     >>> out = residual(x, f_x)  # x * omega + f_x
 """
 
-from .admin import (
-    OUTPUT_CHANGE_SCALES,
-    as_buffer,
-    as_module,
-    as_parameter,
-    calculate_init,
-)
+from . import admin
+from .admin import *  # noqa: F403  (its __all__: the closed-form API)
 from .profiling import profile_init
 from .residual import OmegaResidual
 
-__all__ = [
-    "OUTPUT_CHANGE_SCALES",
-    "OmegaResidual",
-    "as_buffer",
-    "as_module",
-    "as_parameter",
-    "calculate_init",
-    "profile_init",
-]
+__all__ = [*admin.__all__, "OmegaResidual", "profile_init"]

@@ -30,7 +30,6 @@ from .residual import OmegaResidual
 
 __all__ = [
     "OUTPUT_CHANGE_SCALES",
-    "OmegaResidual",
     "as_buffer",
     "as_module",
     "as_parameter",
@@ -173,41 +172,18 @@ def as_buffer(
         output_change_scale: ``"O(logn)"``/``"default"``, ``"O(n)"`` or ``"O(1)"``.
             Default: ``"default"``.
 
-    Example (a Post-LN encoder layer)::
+    Example (in a Post-LN layer as in :func:`as_module`, the shortcut becomes
+    ``x * self.attn_omega + f_x``)::
 
-        >>> from types import SimpleNamespace
+        >>> import torch
         >>> import torch.nn as nn
         >>> import admin_torch
-        >>> class TransformerEncoderLayer(nn.Module):
-        ...     def __init__(self, cfg):
-        ...         super().__init__()
-        ...         num_layer = 2 * cfg.encoder_layers  # number of residual layers
-        ...         self.attn = nn.MultiheadAttention(cfg.embed_dim, cfg.num_heads)
-        ...         admin_torch.as_buffer(self, "attn_omega", num_layer)
-        ...         self.ln_attn = nn.LayerNorm(cfg.embed_dim)
-        ...         self.ffn = nn.Sequential(
-        ...             nn.Linear(cfg.embed_dim, cfg.feedforward_dim),
-        ...             nn.ReLU(),
-        ...             nn.Linear(cfg.feedforward_dim, cfg.embed_dim),
-        ...         )
-        ...         admin_torch.as_buffer(self, "ffn_omega", num_layer)
-        ...         self.ln_ffn = nn.LayerNorm(cfg.embed_dim)
-        ...
-        ...     def forward(self, x):
-        ...         f_x, _ = self.attn(x, x, x)
-        ...         x = x * self.attn_omega + f_x
-        ...         x = self.ln_attn(x)
-        ...         f_x = self.ffn(x)
-        ...         x = x * self.ffn_omega + f_x
-        ...         x = self.ln_ffn(x)
-        ...         return x
-        >>> cfg = SimpleNamespace(
-        ...     encoder_layers=6, embed_dim=16, num_heads=4, feedforward_dim=64
-        ... )
-        >>> layer = TransformerEncoderLayer(cfg)
-        >>> [name for name in layer.state_dict() if name.endswith("omega")]
-        ['attn_omega', 'ffn_omega']
-        >>> layer(torch.randn(10, 2, cfg.embed_dim)).shape
+        >>> layer = nn.Module()
+        >>> admin_torch.as_buffer(layer, "attn_omega", 12)
+        >>> list(layer.state_dict())
+        ['attn_omega']
+        >>> x, f_x = torch.randn(10, 2, 16), torch.randn(10, 2, 16)
+        >>> (x * layer.attn_omega + f_x).shape
         torch.Size([10, 2, 16])
     """
     _check_network(network)
@@ -236,46 +212,18 @@ def as_parameter(
         output_change_scale: ``"O(logn)"``/``"default"``, ``"O(n)"`` or ``"O(1)"``.
             Default: ``"default"``.
 
-    Example (a Post-LN encoder layer)::
+    Example (as :func:`as_buffer`, with a trainable omega per channel)::
 
-        >>> from types import SimpleNamespace
         >>> import torch.nn as nn
         >>> import admin_torch
-        >>> class TransformerEncoderLayer(nn.Module):
-        ...     def __init__(self, cfg):
-        ...         super().__init__()
-        ...         num_layer = 2 * cfg.encoder_layers  # number of residual layers
-        ...         self.attn = nn.MultiheadAttention(cfg.embed_dim, cfg.num_heads)
-        ...         admin_torch.as_parameter(
-        ...             self, "attn_omega", num_layer, cfg.embed_dim
-        ...         )
-        ...         self.ln_attn = nn.LayerNorm(cfg.embed_dim)
-        ...         self.ffn = nn.Sequential(
-        ...             nn.Linear(cfg.embed_dim, cfg.feedforward_dim),
-        ...             nn.ReLU(),
-        ...             nn.Linear(cfg.feedforward_dim, cfg.embed_dim),
-        ...         )
-        ...         admin_torch.as_parameter(
-        ...             self, "ffn_omega", num_layer, cfg.embed_dim
-        ...         )
-        ...         self.ln_ffn = nn.LayerNorm(cfg.embed_dim)
-        ...
-        ...     def forward(self, x):
-        ...         f_x, _ = self.attn(x, x, x)
-        ...         x = x * self.attn_omega + f_x
-        ...         x = self.ln_attn(x)
-        ...         f_x = self.ffn(x)
-        ...         x = x * self.ffn_omega + f_x
-        ...         x = self.ln_ffn(x)
-        ...         return x
-        >>> cfg = SimpleNamespace(
-        ...     encoder_layers=6, embed_dim=16, num_heads=4, feedforward_dim=64
-        ... )
-        >>> layer = TransformerEncoderLayer(cfg)
+        >>> layer = nn.Module()
+        >>> admin_torch.as_parameter(layer, "attn_omega", 12, embed_dim=16)
         >>> layer.attn_omega.shape, layer.attn_omega.requires_grad
         (torch.Size([16]), True)
-        >>> layer(torch.randn(10, 2, cfg.embed_dim)).shape
-        torch.Size([10, 2, 16])
+        >>> round(layer.attn_omega[0].item(), 4) == round(
+        ...     admin_torch.calculate_init(12), 4
+        ... )
+        True
     """
     _check_network(network)
     size = check_embed_dim(embed_dim)

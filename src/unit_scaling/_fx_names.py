@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.fx import Node
 
-__all__ = ["BINARY_OPERATORS", "target_name"]
+__all__ = ["BINARY_OPERATORS", "module_path", "target_name"]
 
 # Operators rendered as Python syntax rather than as calls.
 BINARY_OPERATORS: dict[Callable[..., Any], str] = {
@@ -52,3 +53,18 @@ def target_name(node: Node) -> str:
     if module.startswith("torch") or getattr(target, "__self__", None) is torch:
         return f"torch.{name}"
     return str(name)
+
+
+def module_path(node: Node) -> str:
+    """The dotted path of the innermost module whose forward made ``node``,
+    e.g. ``"layers.0.mhsa.linear_qkv"``; ``""`` outside any submodule."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    path = str(list(stack.values())[-1][0])
+    # Dynamo writes paths from the captured frame's locals: L['self'].h[0].attn,
+    # L['fn'].__self__.layers._modules['0'] (our forward is a bound method), or
+    # L['args'][0].model (a forward wrapped by a ``*args`` decorator).
+    path = re.sub(r"^L\['args'\]\[0\]|^L\['[^']*'\](\.__self__)?", "", path)
+    path = re.sub(r"_modules\['([^']*)'\]", r"\1", path)
+    return re.sub(r"\[['\"]?([^'\"\]]*)['\"]?\]", r".\1", path).strip(".")

@@ -381,18 +381,16 @@ class SGD(torch.optim.SGD):
         weight_decay: float | Tensor = 0,
         nesterov: bool = False,
         *,
-        maximize: bool = False,
-        foreach: bool | None = None,
-        differentiable: bool = False,
-        fused: bool | None = None,
         readout_constraint: str | None = None,
         independent_weight_decay: bool = True,
         allow_non_unit_scaling_params: bool = False,
         tags: _TagMapping | None = None,
+        **options: Any,  # torch's keyword-only flags (foreach, fused, ...)
     ) -> None:
+        rule = lr_scale_func_sgd(readout_constraint)
         groups = scaled_parameters(
             params,
-            lr_scale_func_sgd(readout_constraint),
+            rule,
             lr,
             weight_decay,
             independent_weight_decay,
@@ -400,20 +398,43 @@ class SGD(torch.optim.SGD):
             tags=tags,
         )
         super().__init__(
-            groups,
-            lr,
-            momentum,
-            dampening,
-            weight_decay,
-            nesterov,
-            maximize=maximize,
-            foreach=foreach,
-            differentiable=differentiable,
-            fused=fused,
+            groups, lr, momentum, dampening, weight_decay, nesterov, **options
         )
 
 
-class Adam(torch.optim.Adam):
+class _ScaledAdam:
+    """The constructor :class:`Adam` and :class:`AdamW` share: u-μP parameter
+    groups, then torch's class (the next in the method resolution order)."""
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float | Tensor = 1e-3,
+        betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        amsgrad: bool = False,
+        *,
+        independent_weight_decay: bool = True,
+        allow_non_unit_scaling_params: bool = False,
+        tags: _TagMapping | None = None,
+        **options: Any,  # torch's keyword-only flags (foreach, fused, ...)
+    ) -> None:
+        groups = scaled_parameters(
+            params,
+            lr_scale_func_adam,
+            lr,
+            weight_decay,
+            independent_weight_decay,
+            allow_non_unit_scaling_params,
+            tags=tags,
+        )
+        super().__init__(  # type: ignore[call-arg]
+            groups, lr, betas, eps, weight_decay, amsgrad, **options
+        )
+
+
+class Adam(_ScaledAdam, torch.optim.Adam):
     """:class:`torch.optim.Adam` with u-μP learning rates (:func:`lr_scale_func_adam`).
 
     Arguments are torch's plus the keyword-only ones of :func:`scaled_parameters`.
@@ -429,51 +450,8 @@ class Adam(torch.optim.Adam):
         12
     """
 
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float | Tensor = 1e-3,
-        betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0,
-        amsgrad: bool = False,
-        *,
-        foreach: bool | None = None,
-        maximize: bool = False,
-        capturable: bool = False,
-        differentiable: bool = False,
-        fused: bool | None = None,
-        decoupled_weight_decay: bool = False,
-        independent_weight_decay: bool = True,
-        allow_non_unit_scaling_params: bool = False,
-        tags: _TagMapping | None = None,
-    ) -> None:
-        groups = scaled_parameters(
-            params,
-            lr_scale_func_adam,
-            lr,
-            weight_decay,
-            independent_weight_decay,
-            allow_non_unit_scaling_params,
-            tags=tags,
-        )
-        super().__init__(
-            groups,
-            lr,
-            betas,
-            eps,
-            weight_decay,
-            amsgrad,
-            foreach=foreach,
-            maximize=maximize,
-            capturable=capturable,
-            differentiable=differentiable,
-            fused=fused,
-            decoupled_weight_decay=decoupled_weight_decay,
-        )
 
-
-class AdamW(torch.optim.AdamW):
+class AdamW(_ScaledAdam, torch.optim.AdamW):
     """:class:`torch.optim.AdamW` with u-μP learning rates (:func:`lr_scale_func_adam`).
 
     Arguments are torch's plus the keyword-only ones of :func:`scaled_parameters`.
@@ -489,44 +467,3 @@ class AdamW(torch.optim.AdamW):
         >>> len(opt.param_groups)  # one group per u-μP learning rate
         12
     """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float | Tensor = 1e-3,
-        betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0,
-        amsgrad: bool = False,
-        *,
-        maximize: bool = False,
-        foreach: bool | None = None,
-        capturable: bool = False,
-        differentiable: bool = False,
-        fused: bool | None = None,
-        independent_weight_decay: bool = True,
-        allow_non_unit_scaling_params: bool = False,
-        tags: _TagMapping | None = None,
-    ) -> None:
-        groups = scaled_parameters(
-            params,
-            lr_scale_func_adam,
-            lr,
-            weight_decay,
-            independent_weight_decay,
-            allow_non_unit_scaling_params,
-            tags=tags,
-        )
-        super().__init__(
-            groups,
-            lr,
-            betas,
-            eps,
-            weight_decay,
-            amsgrad,
-            maximize=maximize,
-            foreach=foreach,
-            capturable=capturable,
-            differentiable=differentiable,
-            fused=fused,
-        )

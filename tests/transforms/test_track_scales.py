@@ -124,6 +124,13 @@ def test_clean_names_through_a_forward_decorator() -> None:
     assert names == {"inner.weight", "inner.bias"}
 
 
+def test_module_paths_through_a_forward_decorator() -> None:
+    scaled = unit_scale(_WrappedForward())
+    scaled(torch.randn(4, 8))
+    linear = [r for r in scaled.unit_scale_report().ops if r.op == "linear"]
+    assert [r.module for r in linear] == ["inner"]
+
+
 def test_no_nan_presented_as_a_scale(
     tracked: Tracked, request: pytest.FixtureRequest
 ) -> None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from torch.fx import Graph, Node
 
+from .._fx_names import module_path
 from ..formats import FP8_E4M3, FP8_E5M2
 from ..transforms import Metrics, prune_non_float_tensors, prune_same_scale_tensors
 from ._graph import check_metric, tracked_nodes
@@ -98,23 +99,11 @@ def _limits(
     return lo, hi
 
 
-def _module_path(node: Node) -> str:
-    """The module that produced ``node``, e.g. ``"layers.0.mhsa.linear_qkv"``."""
-    stack = node.meta.get("nn_module_stack")
-    if not stack:
-        return ""
-    path = str(list(stack.values())[-1][0])
-    # Dynamo writes paths from the captured frame's locals: L['self'].h[0].attn
-    path = re.sub(r"^L\['[^']*'\](\.__self__)?\.?", "", path)
-    path = re.sub(r"_modules\['([^']*)'\]", r"\1", path)
-    return re.sub(r"\[['\"]?([^'\"\]]*)['\"]?\]", r".\1", path).strip(".")
-
-
 def _label(node: Node) -> str:
     """``meta["clean_name"]``, prefixed by the producing module's path when that
     adds information (parameters already carry theirs)."""
     name = str(node.meta.get("clean_name", node.name))
-    path = "" if node.op == "placeholder" else _module_path(node)
+    path = "" if node.op == "placeholder" else module_path(node)
     if not path or path.split(".")[-1] == re.sub(r"_\d+$", "", name):
         return name
     return f"{path}: {name}"

@@ -26,6 +26,7 @@ from ..data import VOCAB_SIZE, Corpus
 from ..modules import TransformerDecoder
 from ..transforms import simulate_fp8
 from .baseline import StandardTransformerDecoder
+from .config import add_options, config_from_options, setting
 from .training import History, train
 
 __all__ = ["VARIANTS", "DemoConfig", "add_arguments", "config_from_args", "run"]
@@ -36,86 +37,42 @@ VARIANTS = (("SP", "FP32"), ("SP", "FP8"), ("u-μP", "FP32"), ("u-μP", "FP8"))
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Settings of the demo run."""
+    """Settings of the demo run (each is a ``demo`` option: ``--lr-umup``...)."""
 
-    steps: int = 300
-    width: int = 128
-    layers: int = 2
-    heads: int = 4
-    batch_size: int = 16
-    seq_len: int = 64
-    lr_umup: float = 2**-3
-    lr_sp: float = 2**-8
-    seed: int = 0
-    eval_every: int = 25
-    validation_batches: int = 8
-    out: Path = Path("out/demo")
+    steps: int = setting(300, "training steps per run")
+    width: int = setting(128, "model width")
+    layers: int = setting(2, "transformer layers")
+    heads: int = setting(4, "attention heads")
+    batch_size: int = setting(16, "sequences per step")
+    seq_len: int = setting(64, "bytes per sequence")
+    lr_umup: float = setting(2**-3, "u-μP AdamW base learning rate")
+    lr_sp: float = setting(2**-8, "standard AdamW learning rate")
+    seed: int = setting(0, "seed of the weights and the data order")
+    eval_every: int = setting(25, "steps between validations")
+    validation_batches: int = setting(8, "batches per validation")
+    out: Path = setting(Path("out/demo"), "output folder")
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "width", "layers", "heads", "batch_size", "seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer")
+        if self.width % self.heads:
+            raise ValueError(
+                f"width must be a multiple of the number of heads ({self.heads})"
+            )
+        for name in ("lr_umup", "lr_sp"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the demo's options to ``parser``."""
-    defaults = DemoConfig()
-    parser.add_argument(
-        "--steps",
-        type=int,
-        default=defaults.steps,
-        help="training steps per run (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--width",
-        type=int,
-        default=defaults.width,
-        help="model width (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--layers",
-        type=int,
-        default=defaults.layers,
-        help="transformer layers (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--lr-umup",
-        type=float,
-        default=defaults.lr_umup,
-        help="u-μP AdamW base learning rate (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--lr-sp",
-        type=float,
-        default=defaults.lr_sp,
-        help="standard AdamW learning rate (default: %(default)s)",
-    )
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=defaults.out,
-        help="output folder (default: %(default)s)",
-    )
+    """Add an option per :class:`DemoConfig` field to ``parser``."""
+    add_options(parser, DemoConfig)
 
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
     """A :class:`DemoConfig` from parsed :func:`add_arguments` options."""
-    config = DemoConfig(
-        steps=args.steps,
-        width=args.width,
-        layers=args.layers,
-        lr_umup=args.lr_umup,
-        lr_sp=args.lr_sp,
-        seed=args.seed,
-        out=args.out,
-    )
-    for name in ("steps", "width", "layers"):
-        if getattr(config, name) < 1:
-            raise ValueError(f"--{name} must be a positive integer")
-    if config.width % config.heads:
-        raise ValueError(
-            f"--width must be a multiple of the number of heads ({config.heads})"
-        )
-    for name in ("lr_umup", "lr_sp"):
-        if not getattr(config, name) > 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive")
-    return config
+    return config_from_options(DemoConfig, args)
 
 
 def _build(

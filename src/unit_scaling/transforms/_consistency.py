@@ -26,7 +26,7 @@ import inspect
 import logging
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -86,8 +86,10 @@ def _matmul(left_name: str, right_name: str) -> Ratios:
     return ratios
 
 
-def _conv(node: Node, values: GraphValues) -> dict[Node, float] | None:
-    """``alpha = (C_in/G K)^-1/2``, ``beta_x = (S G / (C_out K))^1/2``."""
+def _conv_operands(
+    node: Node, values: GraphValues
+) -> tuple[Node, Sequence[int], int, int] | None:
+    """A convolution's input, weight shape, groups and product of strides."""
     weight = _shape(values, get_argument(node, "weight"))
     source = get_argument(node, "input")
     groups = get_argument(node, "groups") or 1
@@ -96,22 +98,27 @@ def _conv(node: Node, values: GraphValues) -> dict[Node, float] | None:
         return None
     dims = len(weight) - 2
     strides = (stride,) * dims if isinstance(stride, int) else tuple(stride)
+    return source, weight, groups, math.prod(strides)
+
+
+def _conv(node: Node, values: GraphValues) -> dict[Node, float] | None:
+    """``alpha = (C_in/G K)^-1/2``, ``beta_x = (S G / (C_out K))^1/2``."""
+    operands = _conv_operands(node, values)
+    if operands is None:
+        return None
+    source, weight, groups, stride = operands
     fan_out, fan_in = weight[0], weight[1]
-    return {source: math.sqrt(fan_in * math.prod(strides) * groups / max(fan_out, 1))}
+    return {source: math.sqrt(fan_in * stride * groups / max(fan_out, 1))}
 
 
 def _conv_transpose(node: Node, values: GraphValues) -> dict[Node, float] | None:
     """``alpha = (C_in/G K / S)^-1/2``, ``beta_x = (C_out/G K)^-1/2``."""
-    weight = _shape(values, get_argument(node, "weight"))
-    source = get_argument(node, "input")
-    groups = get_argument(node, "groups") or 1
-    stride = get_argument(node, "stride") or 1
-    if weight is None or not isinstance(source, Node) or not isinstance(groups, int):
+    operands = _conv_operands(node, values)
+    if operands is None:
         return None
-    dims = len(weight) - 2
-    strides = (stride,) * dims if isinstance(stride, int) else tuple(stride)
+    source, weight, groups, stride = operands
     fan_in, fan_out = weight[0] // groups, weight[1]
-    return {source: math.sqrt(fan_in / max(fan_out * math.prod(strides), 1))}
+    return {source: math.sqrt(fan_in / max(fan_out * stride, 1))}
 
 
 def _ratio_rules() -> dict[Callable[..., Any], Ratios]:

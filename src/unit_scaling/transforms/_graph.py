@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import operator
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,6 +13,8 @@ from torch import Tensor
 from torch.fx import Graph, Node
 
 __all__ = [
+    "SAME_ELEMENTS",
+    "OpSet",
     "ancestors_between",
     "example_value",
     "is_add",
@@ -20,8 +23,63 @@ __all__ = [
     "retarget",
 ]
 
-_ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add)
-_ADD_METHODS = ("add", "add_", "__add__", "__iadd__", "__radd__")
+
+@dataclass(frozen=True)
+class OpSet:
+    """Ops as a traced graph calls them: functions (``call_function`` targets)
+    and tensor methods (``call_method`` names). ``node in ops`` tests a node."""
+
+    functions: frozenset[Any] = frozenset()
+    methods: frozenset[str] = frozenset()
+
+    def __contains__(self, node: object) -> bool:
+        if not isinstance(node, Node):
+            return False
+        if node.op == "call_function":
+            return node.target in self.functions
+        return node.op == "call_method" and node.target in self.methods
+
+    def __or__(self, other: OpSet) -> OpSet:
+        return OpSet(self.functions | other.functions, self.methods | other.methods)
+
+
+_ADDS = OpSet(
+    frozenset({operator.add, operator.iadd, torch.add}),
+    frozenset({"add", "add_", "__add__", "__iadd__", "__radd__"}),
+)
+# Ops whose output holds exactly the elements of their first argument.
+SAME_ELEMENTS = OpSet(
+    frozenset(
+        {
+            torch.reshape,
+            torch.flatten,
+            torch.transpose,
+            torch.permute,
+            torch.squeeze,
+            torch.unsqueeze,
+            torch.t,
+            torch.clone,
+        }
+    ),
+    frozenset(
+        {
+            "view",
+            "reshape",
+            "transpose",
+            "permute",
+            "contiguous",
+            "flatten",
+            "unflatten",
+            "squeeze",
+            "unsqueeze",
+            "t",
+            "view_as",
+            "reshape_as",
+            "clone",
+            "detach",
+        }
+    ),
+)
 
 
 def example_value(node: Any) -> Any:
@@ -37,9 +95,7 @@ def is_float_tensor_node(node: Any) -> bool:
 
 def is_add(node: Node) -> bool:
     """True for ``a + b``, ``torch.add(a, b)``, ``a.add(b)`` (and in-place forms)."""
-    if node.op == "call_function":
-        return node.target in _ADD_FUNCTIONS
-    return node.op == "call_method" and node.target in _ADD_METHODS
+    return node in _ADDS
 
 
 def retarget(
@@ -130,55 +186,56 @@ def have_common_ancestor(
 
 
 # Ops whose result may share memory with their first argument.
-_VIEW_METHODS = frozenset(
-    [
-        "view",
-        "view_as",
-        "reshape",
-        "reshape_as",
-        "transpose",
-        "permute",
-        "t",
-        "expand",
-        "expand_as",
-        "squeeze",
-        "unsqueeze",
-        "flatten",
-        "unflatten",
-        "narrow",
-        "select",
-        "split",
-        "chunk",
-        "unbind",
-        "diagonal",
-        "unfold",
-        "as_strided",
-        "movedim",
-        "swapaxes",
-        "contiguous",
-        "detach",
-    ]
-)
-_VIEW_FUNCTIONS = frozenset(
-    {
-        torch.reshape,
-        torch.transpose,
-        torch.permute,
-        torch.t,
-        torch.squeeze,
-        torch.unsqueeze,
-        torch.flatten,
-        torch.narrow,
-        torch.select,
-        torch.split,
-        torch.chunk,
-        torch.unbind,
-        torch.movedim,
-        torch.swapaxes,
-        torch.diagonal,
-        torch.detach,
-        operator.getitem,
-    }
+_VIEWS = OpSet(
+    frozenset(
+        {
+            torch.reshape,
+            torch.transpose,
+            torch.permute,
+            torch.t,
+            torch.squeeze,
+            torch.unsqueeze,
+            torch.flatten,
+            torch.narrow,
+            torch.select,
+            torch.split,
+            torch.chunk,
+            torch.unbind,
+            torch.movedim,
+            torch.swapaxes,
+            torch.diagonal,
+            torch.detach,
+        }
+    ),
+    frozenset(
+        [
+            "view",
+            "view_as",
+            "reshape",
+            "reshape_as",
+            "transpose",
+            "permute",
+            "t",
+            "expand",
+            "expand_as",
+            "squeeze",
+            "unsqueeze",
+            "flatten",
+            "unflatten",
+            "narrow",
+            "select",
+            "split",
+            "chunk",
+            "unbind",
+            "diagonal",
+            "unfold",
+            "as_strided",
+            "movedim",
+            "swapaxes",
+            "contiguous",
+            "detach",
+        ]
+    ),
 )
 
 
@@ -186,8 +243,6 @@ def is_view_node(node: Node) -> bool:
     """True if ``node``'s value may alias (share memory with) its first argument:
     views, reshapes, slicing, splitting (conservatively, also ops that only
     sometimes return a view, such as ``reshape`` and ``contiguous``)."""
-    if node.op == "call_method":
-        return node.target in _VIEW_METHODS
     if node.op == "call_function" and node.target is operator.getitem:
         # Slicing a tensor, or taking a piece of split/chunk/unbind, is a view;
         # taking an output of topk, sort or max is not.
@@ -195,4 +250,4 @@ def is_view_node(node: Node) -> bool:
         return isinstance(example_value(source), Tensor) or (
             isinstance(source, Node) and is_view_node(source)
         )
-    return node.op == "call_function" and node.target in _VIEW_FUNCTIONS
+    return node in _VIEWS

@@ -38,6 +38,7 @@ from torch.fx import Graph, GraphModule, Node
 
 from ..scale import scale_bwd
 from ._dynamo import is_functorch_internal
+from ._graph import SAME_ELEMENTS, OpSet
 from ._targets import calibrated_scale
 from ._values import GraphValues, Kind, TensorInfo
 
@@ -59,41 +60,43 @@ UNIT_TOLERANCE = 1.1
 # Runs averaged when a region draws random numbers (see calibrate).
 RANDOM_DRAWS = 8
 # Ops that draw random numbers, as Dynamo records them.
-_RANDOM_FUNCTIONS = frozenset(
-    {
-        torch.rand,
-        torch.rand_like,
-        torch.randn,
-        torch.randn_like,
-        torch.randint,
-        torch.randint_like,
-        torch.randperm,
-        torch.bernoulli,
-        torch.multinomial,
-        torch.normal,
-        torch.poisson,
-        torch.dropout,
-        torch.nn.functional.dropout,
-        torch.nn.functional.alpha_dropout,
-        torch.nn.functional.feature_alpha_dropout,
-        torch.nn.functional.dropout1d,
-        torch.nn.functional.dropout2d,
-        torch.nn.functional.dropout3d,
-        torch.nn.functional.rrelu,
-    }
-)
-_RANDOM_METHODS = frozenset(
-    {
-        "bernoulli",
-        "bernoulli_",
-        "uniform_",
-        "normal_",
-        "random_",
-        "exponential_",
-        "geometric_",
-        "log_normal_",
-        "cauchy_",
-    }
+_RANDOM = OpSet(
+    frozenset(
+        {
+            torch.rand,
+            torch.rand_like,
+            torch.randn,
+            torch.randn_like,
+            torch.randint,
+            torch.randint_like,
+            torch.randperm,
+            torch.bernoulli,
+            torch.multinomial,
+            torch.normal,
+            torch.poisson,
+            torch.dropout,
+            torch.nn.functional.dropout,
+            torch.nn.functional.alpha_dropout,
+            torch.nn.functional.feature_alpha_dropout,
+            torch.nn.functional.dropout1d,
+            torch.nn.functional.dropout2d,
+            torch.nn.functional.dropout3d,
+            torch.nn.functional.rrelu,
+        }
+    ),
+    frozenset(
+        {
+            "bernoulli",
+            "bernoulli_",
+            "uniform_",
+            "normal_",
+            "random_",
+            "exponential_",
+            "geometric_",
+            "log_normal_",
+            "cauchy_",
+        }
+    ),
 )
 # Elements this large are masks' fill values (-inf, finfo.min), not data: they are
 # left out of the measured RMS.
@@ -101,80 +104,58 @@ _MASK_MAGNITUDE = 1e4
 
 # Ops that only rearrange, copy or cast their input: a region made of these alone
 # keeps the scale of its activation inputs and needs no calibration.
-_REARRANGING_METHODS = frozenset(
-    [
-        "view",
-        "view_as",
-        "reshape",
-        "reshape_as",
-        "transpose",
-        "permute",
-        "t",
-        "contiguous",
-        "expand",
-        "expand_as",
-        "squeeze",
-        "unsqueeze",
-        "flatten",
-        "unflatten",
-        "split",
-        "chunk",
-        "unbind",
-        "narrow",
-        "select",
-        "repeat",
-        "flip",
-        "roll",
-        "movedim",
-        "swapaxes",
-        "float",
-        "half",
-        "bfloat16",
-        "double",
-        "to",
-        "type",
-        "type_as",
-        "clone",
-        "detach",
-        "neg",
-        "__neg__",
-        "__getitem__",
-    ]
-)
-_REARRANGING_FUNCTIONS = frozenset(
-    {
-        operator.getitem,
-        operator.neg,
-        torch.cat,
-        torch.concat,
-        torch.concatenate,
-        torch.stack,
-        torch.split,
-        torch.chunk,
-        torch.unbind,
-        torch.reshape,
-        torch.flatten,
-        torch.transpose,
-        torch.permute,
-        torch.squeeze,
-        torch.unsqueeze,
-        torch.narrow,
-        torch.select,
-        torch.roll,
-        torch.flip,
-        torch.movedim,
-        torch.clone,
-        torch.neg,
-        torch.t,
-    }
+_REARRANGING = SAME_ELEMENTS | OpSet(
+    frozenset(
+        {
+            operator.getitem,
+            operator.neg,
+            torch.cat,
+            torch.concat,
+            torch.concatenate,
+            torch.stack,
+            torch.split,
+            torch.chunk,
+            torch.unbind,
+            torch.narrow,
+            torch.select,
+            torch.roll,
+            torch.flip,
+            torch.movedim,
+            torch.neg,
+        }
+    ),
+    frozenset(
+        {
+            "expand",
+            "expand_as",
+            "split",
+            "chunk",
+            "unbind",
+            "narrow",
+            "select",
+            "repeat",
+            "flip",
+            "roll",
+            "movedim",
+            "swapaxes",
+            "float",
+            "half",
+            "bfloat16",
+            "double",
+            "to",
+            "type",
+            "type_as",
+            "neg",
+            "__neg__",
+            "__getitem__",
+        }
+    ),
 )
 
 
 def is_rearrangement(node: Node) -> bool:
     """True for ops that only rearrange, copy, cast or negate their input."""
-    if node.op == "call_method":
-        return node.target in _REARRANGING_METHODS
-    return node.op == "call_function" and node.target in _REARRANGING_FUNCTIONS
+    return node in _REARRANGING
 
 
 @dataclasses.dataclass
@@ -419,9 +400,7 @@ def _float_outputs(outputs: Iterable[Any]) -> list[Tensor | None]:
 
 def _is_random(node: Node) -> bool:
     """Whether ``node`` draws random numbers (a mask, noise)."""
-    if node.op == "call_method":
-        return node.target in _RANDOM_METHODS
-    return node.op == "call_function" and node.target in _RANDOM_FUNCTIONS
+    return node in _RANDOM
 
 
 def _measure(

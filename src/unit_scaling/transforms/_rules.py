@@ -4,7 +4,6 @@ function, and how the graph passes read and set call arguments."""
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -143,20 +142,6 @@ def accepts(target: Any, name: str) -> bool:
         return name in inspect.signature(target).parameters
     except (TypeError, ValueError):
         return False
-
-
-def module_path(node: Node) -> str:
-    """The dotted path of the innermost module whose forward made ``node``."""
-    stack = node.meta.get("nn_module_stack")
-    if not stack:
-        return ""
-    path = str(list(stack.values())[-1][0])
-    # L['self'].layers[0] or L['fn'].__self__.layers._modules['0']: the root is
-    # whichever local Dynamo started from (our forward is a bound method).
-    path = re.sub(r"^L\['[^']*'\](\.__self__)?", "", path)
-    path = re.sub(r"\._modules\['([^']*)'\]", r".\1", path)
-    path = re.sub(r"\[(\d+)\]", r".\1", path)
-    return path.strip(".")
 
 
 def is_float_dtype(value: Any) -> bool:

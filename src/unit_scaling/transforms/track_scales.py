@@ -45,7 +45,7 @@ from ._engine import (
     apply_transform,
     transform_state,
 )
-from ._graph import example_value
+from ._graph import SAME_ELEMENTS, example_value
 from ._rules import UNIT_SCALED_FUNCTIONS
 from ._targets import calibrated_scale
 
@@ -455,41 +455,10 @@ def _finalize(raw: list[float] | None, numel: int) -> Metrics.Data:
     )
 
 
-# Ops whose output holds exactly the input's elements (rearranged).
-_VIEW_METHODS = {
-    "view",
-    "reshape",
-    "transpose",
-    "permute",
-    "contiguous",
-    "flatten",
-    "unflatten",
-    "squeeze",
-    "unsqueeze",
-    "t",
-    "view_as",
-    "reshape_as",
-    "clone",
-    "detach",
-}
-_VIEW_FUNCTIONS = {
-    torch.reshape,
-    torch.flatten,
-    torch.transpose,
-    torch.permute,
-    torch.squeeze,
-    torch.unsqueeze,
-    torch.t,
-    torch.clone,
-}
-
-
 def _value_source(node: Node) -> Node | None:
     """The input whose elements ``node`` holds, rearranged (views, copies and the
     two outputs of ``U.residual_split``); ``None`` for any other op."""
-    is_view = (node.op == "call_method" and node.target in _VIEW_METHODS) or (
-        node.op == "call_function" and node.target in _VIEW_FUNCTIONS
-    )
+    is_view = node in SAME_ELEMENTS
     if node.op == "call_function" and node.target is operator.getitem:
         parent = node.args[0]
         is_view = isinstance(parent, Node) and parent.target is U.residual_split

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.fx import Graph, GraphModule, Node
 
 from .. import functional as U
+from .._fx_names import module_path
 from .._torch_internals import pytree
 from ..scale import scale_bwd
 from ._consistency import scale_broadcast_gradients, unconstrain_consistently
@@ -71,7 +72,6 @@ from ._rules import (
     UNIT_SCALED_FUNCTIONS,
     accepts,
     get_argument,
-    module_path,
     rule_for,
     set_argument,
 )
