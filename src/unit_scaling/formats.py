@@ -199,7 +199,7 @@ class FPFormat:
             >>> x.grad
             tensor([1.])
         """
-        out: Tensor = _QuantiseForward.apply(x, self)
+        out: Tensor = _Quantise.apply(x, self, None)
         return out
 
     def quantise_bwd(self, x: Tensor) -> Tensor:
@@ -214,7 +214,7 @@ class FPFormat:
             >>> x.grad
             tensor([0.3125])
         """
-        out: Tensor = _QuantiseBackward.apply(x, self)
+        out: Tensor = _Quantise.apply(x, None, self)
         return out
 
 
@@ -571,29 +571,21 @@ def _tensor_params(
     )
 
 
-class _QuantiseForward(Function):
+class _Quantise(Function):
+    """Rounds the value to ``forward``'s format and its gradient to
+    ``backward``'s (``None``: that direction passes unchanged)."""
+
     @staticmethod
-    def forward(x: Tensor, fmt: FPFormat) -> Tensor:
-        return fmt.quantise(x)
+    def forward(
+        x: Tensor, forward: FPFormat | None, backward: FPFormat | None
+    ) -> Tensor:
+        return x.view_as(x) if forward is None else forward.quantise(x)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        pass
+        ctx.backward_format = inputs[2]
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return grad, None
-
-
-class _QuantiseBackward(Function):
-    @staticmethod
-    def forward(x: Tensor, fmt: FPFormat) -> Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        ctx.fmt = inputs[1]
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return ctx.fmt.quantise(grad), None
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        fmt = ctx.backward_format
+        return (grad if fmt is None else fmt.quantise(grad)), None, None
