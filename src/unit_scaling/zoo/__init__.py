@@ -51,17 +51,7 @@ transform that mishandles one. Models that need ``transformers`` or
 
 from __future__ import annotations
 
-from . import (
-    _conv,
-    _decoders,
-    _diffusion,
-    _encoders,
-    _moe,
-    _seq2seq,
-    _ssm,
-    _torch,
-    _vision,
-)
+from . import _catalogue
 from ._model import FAMILIES, Family, Inputs, ZooModel
 from ._sized import HF_SIZES, hf_model
 
@@ -76,21 +66,7 @@ __all__ = [
     "names",
 ]
 
-MODELS: dict[str, ZooModel] = {
-    model.name: model
-    for family in (
-        _decoders,
-        _moe,
-        _encoders,
-        _seq2seq,
-        _vision,
-        _conv,
-        _diffusion,
-        _ssm,
-        _torch,
-    )
-    for model in family.MODELS
-}
+MODELS: dict[str, ZooModel] = {model.name: model for model in _catalogue.MODELS}
 """Every zoo model by name, grouped by family in the order of :data:`Family`."""
 
 

@@ -1,16 +1,17 @@
-"""Sizes, inputs, output pickers and Hugging Face helpers the families share."""
+"""Sizes, Hugging Face config fields, inputs, output pickers and builders the
+families share."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import copy
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ._model import Inputs
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
 
 VOCAB = 128
 WIDTH = 64
@@ -26,6 +27,44 @@ IMAGES = ((2, 32), (3, 48))
 
 TRANSFORMERS = ("transformers",)
 DIFFUSERS = ("diffusers",)
+
+# Hugging Face config fields shared by several models' configs, in the names most
+# configs use. A config that names a size otherwise (GPT-2's ``n_embd``,
+# DistilBERT's ``dim``) takes these names through its ``attribute_map`` and stores
+# the value under its own name, but only after its own ``__init__``: a size that
+# the config derives other fields from goes in under its own name (T5_LIKE).
+TRUNK: dict[str, Any] = dict(
+    hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS
+)
+"""The sizes of a transformer's layers."""
+TEXT_TRUNK: dict[str, Any] = dict(
+    TRUNK, vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS
+)
+""":data:`TRUNK` with a vocabulary and learned positions."""
+DECODER: dict[str, Any] = dict(TEXT_TRUNK, use_cache=False)
+"""A causal language model's sizes, without the key-value cache."""
+LLAMA_LIKE: dict[str, Any] = dict(DECODER, intermediate_size=2 * WIDTH)
+"""A :data:`DECODER` whose MLP width is named ``intermediate_size``."""
+GQA: dict[str, Any] = dict(LLAMA_LIKE, num_key_value_heads=HEADS // 2)
+"""A :data:`LLAMA_LIKE` decoder with grouped-query attention (2 queries a key)."""
+T5_LIKE: dict[str, Any] = dict(
+    vocab_size=VOCAB,
+    d_model=WIDTH,
+    num_layers=LAYERS,  # in its own name: Switch derives its sparse steps from it
+    num_heads=HEADS,
+    d_kv=WIDTH // HEADS,
+    d_ff=2 * WIDTH,
+    num_decoder_layers=LAYERS,
+    relative_attention_num_buckets=8,
+    relative_attention_max_distance=32,
+    dropout_rate=0.0,
+    use_cache=False,
+)
+"""T5's encoder-decoder, also the trunk of Switch Transformers."""
+BERT_DROPOUT: dict[str, Any] = dict(
+    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+)
+"""No dropout, in the BERT-like configs' names."""
 
 
 def generator(seed: int) -> torch.Generator:
@@ -44,9 +83,17 @@ def padding_mask(batch: int, seq: int) -> Tensor:
     return mask
 
 
-def lm_inputs(seed: int, variant: int) -> Inputs:
-    """Token ids alone, as a Hugging Face language model takes them."""
-    return (), {"input_ids": token_ids(generator(seed), *TOKENS[variant])}
+def images(gen: torch.Generator, batch: int, side: int, channels: int = 3) -> Tensor:
+    """Unit-normal square images."""
+    return torch.randn(batch, channels, side, side, generator=gen)
+
+
+def lm_inputs(
+    seed: int, variant: int, sizes: tuple[tuple[int, int], ...] = TOKENS
+) -> Inputs:
+    """Token ids alone, as a Hugging Face language model takes them (``sizes``:
+    ``(batch, sequence)`` of each variant)."""
+    return (), {"input_ids": token_ids(generator(seed), *sizes[variant])}
 
 
 def seq2seq_inputs(seed: int, variant: int) -> Inputs:
@@ -66,9 +113,7 @@ def image_inputs(
 ) -> Inputs:
     """Unit-normal RGB ``pixel_values``, as a Hugging Face vision model takes them
     (``sizes``: ``(batch, side)`` of each variant)."""
-    batch, side = sizes[variant]
-    pixels = torch.randn(batch, 3, side, side, generator=generator(seed))
-    return (), {"pixel_values": pixels}
+    return (), {"pixel_values": images(generator(seed), *sizes[variant])}
 
 
 def _tensor(value: Any, where: str) -> Tensor:
@@ -114,9 +159,38 @@ def noisy_biases(model: nn.Module) -> nn.Module:
     return model
 
 
-def language_model(model: PreTrainedModel, loss_type: str = "ForCausalLM") -> nn.Module:
-    """:func:`noisy_biases` of a Hugging Face language model, given the loss type
-    its class name does not imply: without one, it logs from ``forward``, which
-    breaks graph capture."""
-    model.loss_type = loss_type
-    return noisy_biases(model)
+def hf(
+    class_name: str,
+    *bases: Mapping[str, Any],
+    loss_type: str | None = None,
+    pooler: bool = True,
+    **fields: Any,
+) -> Callable[[], nn.Module]:
+    """A builder of the ``transformers`` model ``class_name`` with random weights
+    and :func:`noisy_biases`, from its config class given the ``bases`` and then
+    the ``fields`` (a later one overrides an earlier).
+
+    ``loss_type`` is the loss of a language model whose class name does not imply
+    one: without it, ``forward`` logs, which breaks graph capture. ``pooler=False``
+    builds the model without its pooling layer.
+    """
+    config = {key: value for base in (*bases, fields) for key, value in base.items()}
+
+    def build() -> nn.Module:
+        import transformers
+
+        model_class = getattr(transformers, class_name)
+        extra = {} if pooler else {"add_pooling_layer": False}
+        # A fresh copy for each build, so that no two configs share a nested dict.
+        model = model_class(model_class.config_class(**copy.deepcopy(config)), **extra)
+        if loss_type is not None:
+            model.loss_type = loss_type
+        return noisy_biases(model)
+
+    return build
+
+
+causal_lm = functools.partial(hf, loss_type="ForCausalLM")
+"""A builder of a Hugging Face causal language model (see :func:`hf`)."""
+conditional_generation = functools.partial(hf, loss_type="ForConditionalGeneration")
+"""A builder of a Hugging Face encoder-decoder with an LM head (see :func:`hf`)."""

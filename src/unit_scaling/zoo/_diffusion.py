@@ -1,16 +1,19 @@
-"""Diffusion denoisers from diffusers configs: U-Nets and a diffusion transformer."""
+"""Diffusion denoisers from diffusers configs: U-Nets and a diffusion transformer.
+
+The builders and inputs of the ``diffusion`` rows of :mod:`._catalogue`.
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from ._common import DIFFUSERS, IMAGES, generator, noisy_biases, sample
-from ._model import Inputs, ZooModel
-
-__all__ = ["MODELS"]
+from ._common import IMAGES, generator, images, noisy_biases
+from ._model import Inputs
 
 _TIMESTEPS = 1000
 _CLASSES = 10
@@ -22,52 +25,57 @@ _TEXT = (8, 12)
 _TEXT_WIDTH = 32
 
 
-def _diffusers(model_class: Any, **config: Any) -> nn.Module:
-    """A diffusers model; mypy does not see their (untyped) classes as modules."""
-    model = model_class(**config)
+def _diffusers(class_name: str, **config: Any) -> nn.Module:
+    """The diffusers model ``class_name`` with :func:`noisy_biases`; mypy does not
+    see their (untyped) classes as modules."""
+    import diffusers
+
+    model = getattr(diffusers, class_name)(**config)
     if not isinstance(model, nn.Module):
-        raise TypeError(f"{model_class.__name__} did not build an nn.Module")
+        raise TypeError(f"{class_name} did not build an nn.Module")
     return noisy_biases(model)
 
 
-def _unet2d() -> nn.Module:
-    from diffusers import UNet2DModel
-
-    return _diffusers(
-        UNet2DModel,
-        sample_size=IMAGES[0][1],
+def _unet(
+    class_name: str, down_blocks: tuple[str, ...], **config: Any
+) -> Callable[[], nn.Module]:
+    """A builder of the diffusers U-Net ``class_name`` of two levels (32 and 64
+    channels, a block each, group norms of 8 groups) whose up path mirrors
+    ``down_blocks``."""
+    up_blocks = tuple(block.replace("Down", "Up") for block in reversed(down_blocks))
+    return functools.partial(
+        _diffusers,
+        class_name,
         block_out_channels=(32, 64),
         layers_per_block=1,
-        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
-        up_block_types=("AttnUpBlock2D", "UpBlock2D"),
-        attention_head_dim=16,
         norm_num_groups=8,
+        down_block_types=down_blocks,
+        up_block_types=up_blocks,
+        **config,
     )
 
 
-def _unet2d_condition() -> nn.Module:
-    from diffusers import UNet2DConditionModel
+unet2d = _unet(
+    "UNet2DModel",
+    ("DownBlock2D", "AttnDownBlock2D"),
+    sample_size=IMAGES[0][1],
+    attention_head_dim=16,
+)
+unet2d_condition = _unet(
+    "UNet2DConditionModel",
+    ("CrossAttnDownBlock2D", "DownBlock2D"),
+    mid_block_type="UNetMidBlock2DCrossAttn",
+    sample_size=_LATENTS[0][1],
+    cross_attention_dim=_TEXT_WIDTH,
+    attention_head_dim=2,  # in this model, the number of heads
+)
 
-    return _diffusers(
-        UNet2DConditionModel,
-        sample_size=_LATENTS[0][1],
-        block_out_channels=(32, 64),
-        layers_per_block=1,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        mid_block_type="UNetMidBlock2DCrossAttn",
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=_TEXT_WIDTH,
-        attention_head_dim=2,  # in this model, the number of heads
-        norm_num_groups=8,
-    )
 
-
-def _dit() -> nn.Module:
-    from diffusers import DiTTransformer2DModel
+def dit() -> nn.Module:
     from diffusers.models.embeddings import LabelEmbedding
 
     model = _diffusers(
-        DiTTransformer2DModel,
+        "DiTTransformer2DModel",
         num_attention_heads=4,
         attention_head_dim=16,
         in_channels=_LATENT_CHANNELS,
@@ -84,77 +92,33 @@ def _dit() -> nn.Module:
     return model
 
 
-def _timesteps(gen: torch.Generator, batch: int) -> torch.Tensor:
+def _noisy(
+    seed: int, variant: int, sizes: tuple[tuple[int, int], ...], channels: int
+) -> tuple[torch.Generator, Tensor]:
+    """The generator of ``seed`` and the noisy images of ``variant`` drawn from it
+    first (``sizes``: ``(batch, side)`` of each variant)."""
+    gen = generator(seed)
+    return gen, images(gen, *sizes[variant], channels=channels)
+
+
+def _timesteps(gen: torch.Generator, batch: int) -> Tensor:
     return torch.randint(_TIMESTEPS, (batch,), generator=gen)
 
 
-def _unet2d_inputs(seed: int, variant: int) -> Inputs:
-    gen = generator(seed)
-    batch, side = IMAGES[variant]
-    noisy = torch.randn(batch, 3, side, side, generator=gen)
-    return (noisy, _timesteps(gen, batch)), {}
+def unet2d_inputs(seed: int, variant: int) -> Inputs:
+    gen, noisy = _noisy(seed, variant, IMAGES, 3)
+    return (noisy, _timesteps(gen, len(noisy))), {}
 
 
-def _unet2d_condition_inputs(seed: int, variant: int) -> Inputs:
-    gen = generator(seed)
-    batch, side = _LATENTS[variant]
-    noisy = torch.randn(batch, _LATENT_CHANNELS, side, side, generator=gen)
-    text = torch.randn(batch, _TEXT[variant], _TEXT_WIDTH, generator=gen)
-    return (noisy, _timesteps(gen, batch)), {"encoder_hidden_states": text}
+def unet2d_condition_inputs(seed: int, variant: int) -> Inputs:
+    gen, noisy = _noisy(seed, variant, _LATENTS, _LATENT_CHANNELS)
+    text = torch.randn(len(noisy), _TEXT[variant], _TEXT_WIDTH, generator=gen)
+    return (noisy, _timesteps(gen, len(noisy))), {"encoder_hidden_states": text}
 
 
-def _dit_inputs(seed: int, variant: int) -> Inputs:
-    gen = generator(seed)
-    batch, side = _LATENTS[variant]
-    noisy = torch.randn(batch, _LATENT_CHANNELS, side, side, generator=gen)
+def dit_inputs(seed: int, variant: int) -> Inputs:
+    gen, noisy = _noisy(seed, variant, _LATENTS, _LATENT_CHANNELS)
     return (noisy,), {
-        "timestep": _timesteps(gen, batch),
-        "class_labels": torch.randint(_CLASSES, (batch,), generator=gen),
+        "timestep": _timesteps(gen, len(noisy)),
+        "class_labels": torch.randint(_CLASSES, (len(noisy),), generator=gen),
     }
-
-
-MODELS = (
-    ZooModel(
-        "unet2d",
-        "diffusion",
-        _unet2d,
-        _unet2d_inputs,
-        sample,
-        features=(
-            "group-norm",
-            "silu",
-            "timestep-embedding",
-            "skip-connections",
-            "spatial-attention",
-            "upsampling",
-        ),
-        requires=DIFFUSERS,
-        description="DDPM U-Net: ResNet blocks with group norm and self-attention",
-    ),
-    ZooModel(
-        "unet2d-condition",
-        "diffusion",
-        _unet2d_condition,
-        _unet2d_condition_inputs,
-        sample,
-        features=(
-            "group-norm",
-            "cross-attention",
-            "geglu",
-            "timestep-embedding",
-            "skip-connections",
-        ),
-        requires=DIFFUSERS,
-        description="Stable Diffusion U-Net: cross-attention to text on latents",
-    ),
-    ZooModel(
-        "dit",
-        "diffusion",
-        _dit,
-        _dit_inputs,
-        sample,
-        features=("adaln-zero", "timestep-embedding", "class-embedding", "patchify"),
-        requires=DIFFUSERS,
-        description="DiT: transformer on latent patches, adaLN-Zero conditioning",
-    ),
-)

@@ -11,6 +11,20 @@ __all__ = ["HF_SIZES", "Size", "hf_model"]
 
 Size = Literal["tiny", "small"]
 
+
+def _sizes(
+    width: int, mlp: int, layers: int, heads: int, **more: Any
+) -> dict[str, Any]:
+    """Config keywords of a transformer's sizes, in the names most configs use."""
+    return dict(
+        hidden_size=width,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        **more,
+    )
+
+
 # Per family: the model class (in ``transformers``), the loss the model computes
 # with ``labels=`` (named, else transformers logs in forward: a graph break),
 # and each size's config. "small" is the published small model of the family.
@@ -27,38 +41,16 @@ HF_SIZES: dict[str, tuple[str, str, dict[str, dict[str, Any]]]] = {
         "LlamaForCausalLM",
         "ForCausalLM",
         {
-            "tiny": dict(
-                hidden_size=64,
-                intermediate_size=172,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-            ),
-            "small": dict(
-                hidden_size=768,
-                intermediate_size=2048,
-                num_hidden_layers=12,
-                num_attention_heads=12,
-                num_key_value_heads=4,
-            ),
+            "tiny": _sizes(64, 172, layers=2, heads=4, num_key_value_heads=2),
+            "small": _sizes(768, 2048, layers=12, heads=12, num_key_value_heads=4),
         },
     ),
     "bert": (
         "BertForMaskedLM",
         "ForMaskedLM",
         {
-            "tiny": dict(
-                hidden_size=64,
-                intermediate_size=256,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-            ),
-            "small": dict(
-                hidden_size=768,
-                intermediate_size=3072,
-                num_hidden_layers=12,
-                num_attention_heads=12,
-            ),
+            "tiny": _sizes(64, 256, layers=2, heads=4),
+            "small": _sizes(768, 3072, layers=12, heads=12),
         },
     ),
 }

@@ -1,4 +1,7 @@
-"""Models written with plain ``torch.nn``, as users write them."""
+"""Models written with plain ``torch.nn``, as users write them.
+
+The builders and inputs of the ``torch`` rows of :mod:`._catalogue`.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +17,10 @@ from ._common import (
     TOKENS,
     WIDTH,
     generator,
-    identity,
+    images,
     padding_mask,
 )
-from ._model import Inputs, ZooModel
-
-__all__ = ["MLP", "MODELS", "Encoder", "UserInplace"]
+from ._model import Inputs
 
 _CLASSES = 10
 
@@ -93,7 +94,7 @@ class UserInplace(nn.Module):
         return out
 
 
-def _sequential() -> nn.Module:
+def sequential() -> nn.Module:
     return nn.Sequential(
         nn.Conv2d(3, WIDTH // 2, 3, padding=1),
         nn.BatchNorm2d(WIDTH // 2),
@@ -108,7 +109,7 @@ def _sequential() -> nn.Module:
     )
 
 
-def _nn_transformer() -> nn.Module:
+def nn_transformer() -> nn.Module:
     return nn.Transformer(
         WIDTH,
         HEADS,
@@ -120,18 +121,18 @@ def _nn_transformer() -> nn.Module:
     )
 
 
-def _features(seed: int, variant: int) -> Inputs:
+def features(seed: int, variant: int) -> Inputs:
     batch, seq = TOKENS[variant]
     return (torch.randn(batch, seq, WIDTH, generator=generator(seed)),), {}
 
 
-def _padded_features(seed: int, variant: int) -> Inputs:
-    (x,), _ = _features(seed, variant)
+def padded_features(seed: int, variant: int) -> Inputs:
+    (x,), _ = features(seed, variant)
     batch, seq = TOKENS[variant]
     return (x,), {"padding_mask": padding_mask(batch, seq) == 0}  # True: padding
 
 
-def _transformer_inputs(seed: int, variant: int) -> Inputs:
+def transformer_inputs(seed: int, variant: int) -> Inputs:
     gen = generator(seed)
     batch, source, target = SEQ2SEQ[variant]
     src = torch.randn(batch, source, WIDTH, generator=gen)
@@ -140,55 +141,5 @@ def _transformer_inputs(seed: int, variant: int) -> Inputs:
     return (src, tgt), {"tgt_mask": causal, "tgt_is_causal": True}
 
 
-def _images(seed: int, variant: int) -> Inputs:
-    batch, side = IMAGES[variant]
-    return (torch.randn(batch, 3, side, side, generator=generator(seed)),), {}
-
-
-MODELS = (
-    ZooModel(
-        "mlp",
-        "torch",
-        MLP,
-        _features,
-        identity,
-        features=("gelu",),
-        description="A two-layer GELU MLP on token features",
-    ),
-    ZooModel(
-        "transformer-encoder",
-        "torch",
-        Encoder,
-        _padded_features,
-        identity,
-        features=("post-norm", "padding-mask", "fused-attention-module"),
-        description="nn.TransformerEncoder with a key padding mask",
-    ),
-    ZooModel(
-        "nn-transformer",
-        "torch",
-        _nn_transformer,
-        _transformer_inputs,
-        identity,
-        features=("cross-attention", "causal-mask", "post-norm"),
-        description="nn.Transformer encoder-decoder with a causal target mask",
-    ),
-    ZooModel(
-        "sequential",
-        "torch",
-        _sequential,
-        _images,
-        identity,
-        features=("sequential-root", "batch-norm", "max-pool", "global-pool"),
-        description="An nn.Sequential CNN classifier: convolutions, batch norm, pools",
-    ),
-    ZooModel(
-        "user-inplace",
-        "torch",
-        UserInplace,
-        _features,
-        identity,
-        features=("inplace-ops", "gelu-tanh", "silu", "functional-dropout"),
-        description="User code with in-place residuals, scalings and activations",
-    ),
-)
+def pixels(seed: int, variant: int) -> Inputs:
+    return (images(generator(seed), *IMAGES[variant]),), {}
