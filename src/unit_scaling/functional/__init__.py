@@ -9,91 +9,59 @@ non-default value.
 Conventionally imported as ``import unit_scaling.functional as U``.
 """
 
+# Each submodule lists its public functions in its own __all__, once.
+from . import (
+    activation,
+    adaptive_pooling,
+    attention,
+    conv,
+    conv_transpose,
+    grouped,
+    interpolation,
+    losses,
+    normalization,
+    pooling,
+    reductions,
+    residual,
+    routing,
+    sparse,
+)
+from . import linear as _linear  # (`linear` names its function here)
+from . import softcap as _softcap  # (`softcap` names its function here)
 from ._torch_map import torch_map
-from .activation import dropout, gelu, relu, sigmoid, silu, silu_glu, softmax, tanh
-from .adaptive_pooling import (
-    adaptive_avg_pool1d,
-    adaptive_avg_pool2d,
-    adaptive_avg_pool3d,
-    adaptive_max_pool1d,
-    adaptive_max_pool2d,
-    adaptive_max_pool3d,
-)
-from .attention import scaled_dot_product_attention
-from .conv import conv1d, conv2d, conv3d
-from .conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
-from .grouped import grouped_mm
-from .interpolation import interpolate
-from .linear import bmm, einsum, linear, linear_readout, matmul
-from .losses import cross_entropy, mse_loss
-from .normalization import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
-from .pooling import (
-    avg_pool1d,
-    avg_pool2d,
-    avg_pool3d,
-    max_pool1d,
-    max_pool2d,
-    max_pool3d,
-)
-from .reductions import mean, sum
-from .residual import add, residual_add, residual_apply, residual_split
-from .routing import gather, index_add, index_select, scatter_add
-from .softcap import softcap
-from .sparse import embedding
+from .activation import *  # noqa: F403
+from .adaptive_pooling import *  # noqa: F403
+from .attention import *  # noqa: F403
+from .conv import *  # noqa: F403
+from .conv_transpose import *  # noqa: F403
+from .grouped import *  # noqa: F403
+from .interpolation import *  # noqa: F403
+from .linear import *  # noqa: F403
+from .losses import *  # noqa: F403
+from .normalization import *  # noqa: F403
+from .pooling import *  # noqa: F403
+from .reductions import *  # noqa: F403
+from .residual import *  # noqa: F403
+from .routing import *  # noqa: F403
+from .softcap import *  # noqa: F403
+from .sparse import *  # noqa: F403
 
 __all__ = [
-    "adaptive_avg_pool1d",
-    "adaptive_avg_pool2d",
-    "adaptive_avg_pool3d",
-    "adaptive_max_pool1d",
-    "adaptive_max_pool2d",
-    "adaptive_max_pool3d",
-    "add",
-    "avg_pool1d",
-    "avg_pool2d",
-    "avg_pool3d",
-    "batch_norm",
-    "bmm",
-    "conv1d",
-    "conv2d",
-    "conv3d",
-    "conv_transpose1d",
-    "conv_transpose2d",
-    "conv_transpose3d",
-    "cross_entropy",
-    "dropout",
-    "einsum",
-    "embedding",
-    "gather",
-    "gelu",
-    "group_norm",
-    "grouped_mm",
-    "index_add",
-    "index_select",
-    "instance_norm",
-    "interpolate",
-    "layer_norm",
-    "linear",
-    "linear_readout",
-    "matmul",
-    "max_pool1d",
-    "max_pool2d",
-    "max_pool3d",
-    "mean",
-    "mse_loss",
-    "relu",
-    "residual_add",
-    "residual_apply",
-    "residual_split",
-    "rms_norm",
-    "scaled_dot_product_attention",
-    "scatter_add",
-    "sigmoid",
-    "silu",
-    "silu_glu",
-    "softcap",
-    "softmax",
-    "sum",
-    "tanh",
+    *activation.__all__,
+    *adaptive_pooling.__all__,
+    *attention.__all__,
+    *conv.__all__,
+    *conv_transpose.__all__,
+    *grouped.__all__,
+    *interpolation.__all__,
+    *_linear.__all__,
+    *losses.__all__,
+    *normalization.__all__,
+    *pooling.__all__,
+    *reductions.__all__,
+    *residual.__all__,
+    *routing.__all__,
+    *_softcap.__all__,
+    *sparse.__all__,
     "torch_map",
 ]

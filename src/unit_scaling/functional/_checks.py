@@ -12,7 +12,9 @@ from ..constraints import validate_constraint
 
 __all__ = [
     "autocast_inputs",
+    "check_conv_shapes",
     "check_dim",
+    "check_flag",
     "check_mult",
     "expand_size",
     "reject_unsupported",
@@ -88,6 +90,65 @@ def check_mult(op: str, mult: float) -> None:
         raise ValueError(
             f"U.{op}: mult must be a positive number (it is a temperature that "
             f"multiplies the input), got mult={mult!r}"
+        )
+
+
+def check_flag(
+    op: str, name: str, value: object, choices: tuple[object, ...], takes_mult: bool
+) -> None:
+    """Raise unless ``value`` is one of ``choices`` (torch's values of a flag).
+
+    Torch's flags come before our extras, so a temperature passed positionally
+    (``U.silu(x, 2.0)``, the order of Graphcore's library) lands in a flag. Torch
+    would take any truthy value; here a value of the wrong type is a ``TypeError``
+    that says how to pass the temperature, and a string torch does not know is a
+    ``ValueError``.
+    """
+    kind = type(choices[0])
+    if not isinstance(value, kind):
+        listed = ", ".join(map(repr, choices))
+        expected = "a bool" if kind is bool else f"one of {listed}"
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        advice = (
+            f"; pass the temperature by keyword: U.{op}(x, mult={value!r})"
+            if takes_mult and number
+            else ""
+        )
+        raise TypeError(
+            f"U.{op}: {name} must be {expected}, got {value!r} "
+            f"({type(value).__name__}){advice}"
+        )
+    if value not in choices:
+        raise ValueError(
+            f"U.{op}: {name}={value!r} is not valid; expected one of "
+            f"{', '.join(map(repr, choices))}"
+        )
+
+
+def check_conv_shapes(
+    op: str, n: int, input: Tensor, weight: Tensor, groups: int, transposed: bool
+) -> None:
+    """Raise ``ValueError`` unless ``input`` and ``weight`` are laid out as torch's
+    ``n``-d convolution takes them (``transposed``: its adjoint, whose weight is
+    ``(C_in, C_out / groups, *kernel)``)."""
+    ranks = weight.dim() == n + 2 and input.dim() in (n + 1, n + 2)
+    channels = input.shape[-n - 1] if ranks else None
+    if transposed:
+        layout, also = (
+            "(C_in, C_out / groups, *kernel)",
+            " and C_in divisible by groups",
+        )
+        fits = ranks and groups >= 1 and weight.shape[0] % groups == 0
+        fits = fits and channels == weight.shape[0]
+    else:
+        layout, also = "(C_out, C_in / groups, *kernel)", ""
+        fits = ranks and channels == weight.shape[1] * groups
+    if not fits:
+        raise ValueError(
+            f"U.{op}: expected input of shape (N, C_in, *spatial) or (C_in, "
+            f"*spatial) and weight of shape {layout} with {n} spatial dims{also}, "
+            f"got input {tuple(input.shape)}, weight {tuple(weight.shape)} and "
+            f"groups={groups}"
         )
 
 

@@ -1,10 +1,11 @@
 """The pattern every unit-scaled op shares, and the arithmetic of its scales.
 
 :func:`scaled_unary` is "the torch op, plus an output scale, plus an input-gradient
-scale, plus a constraint" with the fewest passes, and :func:`fold_scales` the
-same for a convolution-like op, on its weight and bias. :func:`memoise` caches a pure
-scale computation, and makes ``torch.compile`` put its result in the graph as a
-constant (the one place here that depends on how Dynamo traces);
+scale, plus a constraint" with the fewest passes, and :func:`scaled_affine` the
+same for a convolution-like op, with its scales on the weight and bias.
+:func:`memoise` caches a pure scale computation, and makes ``torch.compile`` put
+its result in the graph as a constant (the one place here that depends on how
+Dynamo traces);
 :func:`normal_expectation` integrates against the unit normal for scales that
 have no closed form. Scales are Python floats computed from shapes and arguments
 only: no tensor is read, so nothing syncs with the device.
@@ -25,9 +26,9 @@ from ..constraints import apply_constraint
 from ..scale import scale_bwd
 
 __all__ = [
-    "fold_scales",
     "memoise",
     "normal_expectation",
+    "scaled_affine",
     "scaled_unary",
     "sigmoid_of_log",
 ]
@@ -74,27 +75,29 @@ def scaled_unary(
     return cast(Out, y * out_mult)
 
 
-def fold_scales(
+def scaled_affine(
+    f: Callable[[Tensor, Tensor, Tensor | None], Tensor],
     input: Tensor,
     weight: Tensor,
     bias: Tensor | None,
     output_scale: float,
-    grad_input_scale: float,
-    grad_weight_scale: float,
-    grad_bias_scale: float,
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """The arguments of a convolution-like op ``f(x, W, b)``, linear in ``(W, b)``,
-    that make it compute ``output_scale * f(x, W, b)`` with each gradient scaled.
+    grad_scales: tuple[float, float, float],
+    constraint: str | None,
+) -> Tensor:
+    """``alpha * f(x, W, b)`` for an ``f`` linear in ``(W, b)`` (a convolution),
+    with the gradients of ``(x, W, b)`` scaled by ``grad_scales``.
 
-    ``f(x, a W, a b) = a f(x, W, b)``, and its input gradient is ``a`` times the
-    plain one, so the output scale costs weight-sized multiplies only; the input
-    needs its own op only when its gradient scale differs from the output's.
+    ``(alpha, beta_x)`` are ``(output_scale, grad_scales[0])`` after the
+    constraint. ``f(x, a W, a b) = a f(x, W, b)``, and its input gradient is ``a``
+    times the plain one, so ``alpha`` costs weight-sized multiplies only; the input
+    needs its own op only when ``beta_x`` differs from ``alpha``.
     """
-    input = scale_bwd(input, grad_input_scale / output_scale)
-    weight = scale_twoway(weight, output_scale, grad_weight_scale)
+    alpha, beta_x = apply_constraint(constraint, output_scale, grad_scales[0])
+    input = scale_bwd(input, beta_x / alpha)
+    weight = scale_twoway(weight, alpha, grad_scales[1])
     if bias is not None:
-        bias = scale_twoway(bias, output_scale, grad_bias_scale)
-    return input, weight, bias
+        bias = scale_twoway(bias, alpha, grad_scales[2])
+    return f(input, weight, bias)
 
 
 def _specialise(value: Any) -> Any:

@@ -9,7 +9,10 @@ temperature's when ``mult != 1``).
 
 ``inplace=True`` follows torch: the result is computed out of place (from a copy
 where the backward needs the input) and written into ``input``, which is returned;
-like torch, this raises for a leaf tensor that requires grad.
+like torch, this raises for a leaf tensor that requires grad. Torch's flags are
+checked (``inplace`` must be a bool, ``approximate`` one of torch's strings):
+our ``mult`` follows them, so a temperature passed positionally, as in
+``U.silu(x, 2.0)``, would otherwise be taken as ``inplace=True``.
 
 Conventions for the scales, assuming a unit-normal input and a unit-normal output
 gradient independent of it:
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -37,7 +41,7 @@ from torch import Tensor
 
 from .._autograd import Function
 from ..core.functional import logarithmic_interpolation
-from ._checks import check_dim, check_mult, validate_constraint
+from ._checks import check_dim, check_flag, check_mult, validate_constraint
 from ._scaling import scaled_unary, sigmoid_of_log
 
 __all__ = ["dropout", "gelu", "relu", "sigmoid", "silu", "silu_glu", "softmax", "tanh"]
@@ -53,6 +57,41 @@ _TANH_OUTPUT_SCALE = 1.592537
 _TANH_GRAD_SCALE = 1.467414
 _SIGMOID_OUTPUT_SCALE = 4.801313
 _SIGMOID_GRAD_SCALE = 4.722646
+# torch's values of its flags, checked because our extras follow them.
+_BOOLS = (False, True)
+_GELU_APPROXIMATIONS = ("none", "tanh")
+
+
+def _relu_like(
+    op: str,
+    f: Callable[[Tensor], Tensor],
+    input: Tensor,
+    mult: float,
+    constraint: str | None,
+    grad_weight_mult: float,
+) -> Tensor:
+    """``alpha f(m x) / m`` for an ``f`` that is ``x / 2`` near 0 and ReLU far
+    from it (GELU, SiLU): each scale interpolates log-linearly from 2 at small
+    ``m`` to ReLU's at large ``m``, the output's with weight
+    ``sigmoid(ln 4m^2)`` and the gradient's with ``sigmoid(ln c m^2)``,
+    ``c = grad_weight_mult``."""
+    validate_constraint(constraint)
+    check_mult(op, mult)
+    output_scale = logarithmic_interpolation(
+        sigmoid_of_log(4 * mult**2), lower=2.0, upper=_RELU_OUTPUT_SCALE
+    )
+    grad_scale = logarithmic_interpolation(
+        sigmoid_of_log(grad_weight_mult * mult**2), lower=2.0, upper=_RELU_GRAD_SCALE
+    )
+    return scaled_unary(
+        f,
+        input,
+        output_scale,
+        grad_scale,
+        constraint,
+        input_mult=mult,
+        output_mult=1 / mult,
+    )
 
 
 def gelu(
@@ -91,19 +130,16 @@ def gelu(
         >>> round(y.std().item(), 1)
         1.0
     """
-    validate_constraint(constraint)
-    check_mult("gelu", mult)
-    w = sigmoid_of_log(4 * mult**2)
-    output_scale = logarithmic_interpolation(w, lower=2.0, upper=_RELU_OUTPUT_SCALE)
-    grad_scale = logarithmic_interpolation(w, lower=2.0, upper=_RELU_GRAD_SCALE)
-    return scaled_unary(
+    check_flag(
+        "gelu", "approximate", approximate, _GELU_APPROXIMATIONS, takes_mult=True
+    )
+    return _relu_like(
+        "gelu",
         lambda x: F.gelu(x, approximate=approximate),
         input,
-        output_scale,
-        grad_scale,
+        mult,
         constraint,
-        input_mult=mult,
-        output_mult=1 / mult,
+        grad_weight_mult=4,
     )
 
 
@@ -116,7 +152,7 @@ def silu(
     """Unit-scaled :func:`torch.nn.functional.silu` with a temperature ``mult``.
 
     .. math::
-        y = \\alpha\\, \\mathrm{SiLU}(m x) / m, \\qquad
+        y = \\alpha\\, \\mathrm{SiLU}(m x) / m = \\alpha\\, x\\, \\sigma(m x), \\qquad
         \\partial_x = \\beta\\, \\mathrm{SiLU}'(m x)\\, \\partial_y
 
     The same empirical models as :func:`gelu` (limits 2 at small ``m``, ReLU's
@@ -139,29 +175,14 @@ def silu(
 
     Example::
 
-        >>> y = U.silu(torch.randn(2**16), constraint=None)
+        >>> y = U.silu(torch.randn(2**16), mult=2.0, constraint=None)
         >>> round(y.std().item(), 1)
         1.0
     """
-    validate_constraint(constraint)
-    check_mult("silu", mult)
-    output_scale = logarithmic_interpolation(
-        sigmoid_of_log(4 * mult**2), lower=2.0, upper=_RELU_OUTPUT_SCALE
-    )
-    grad_scale = logarithmic_interpolation(
-        sigmoid_of_log(mult**2), lower=2.0, upper=_RELU_GRAD_SCALE
-    )
+    check_flag("silu", "inplace", inplace, _BOOLS, takes_mult=True)
     # SiLU's backward needs its input, which the in-place write would overwrite.
     source = input.clone() if inplace and mult == 1 else input
-    out = scaled_unary(
-        F.silu,
-        source,
-        output_scale,
-        grad_scale,
-        constraint,
-        input_mult=mult,
-        output_mult=1 / mult,
-    )
+    out = _relu_like("silu", F.silu, source, mult, constraint, grad_weight_mult=1)
     return input.copy_(out) if inplace else out
 
 
@@ -283,6 +304,7 @@ def relu(
         >>> round(y.std().item(), 1)
         1.0
     """
+    check_flag("relu", "inplace", inplace, _BOOLS, takes_mult=False)
     validate_constraint(constraint)
     # relu's backward needs only its output, so input may be overwritten.
     out = scaled_unary(
@@ -341,8 +363,8 @@ def sigmoid(input: Tensor, constraint: str | None = "to_output_scale") -> Tensor
     Example::
 
         >>> y = U.sigmoid(torch.randn(2**16))
-        >>> round(y.std().item(), 1)
-        1.0
+        >>> round(y.std().item(), 1), round(y.mean().item(), 1)
+        (1.0, 2.4)
     """
     validate_constraint(constraint)
     return scaled_unary(
@@ -452,6 +474,7 @@ def dropout(
         >>> round(y.std().item(), 1)
         1.0
     """
+    check_flag("dropout", "inplace", inplace, _BOOLS, takes_mult=False)
     if not 0 <= p <= 1:
         raise ValueError(
             f"U.dropout: p must be a probability between 0 and 1, got p={p!r}"

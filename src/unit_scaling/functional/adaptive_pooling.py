@@ -64,35 +64,52 @@ def _adaptive_scales(
     return max_scales(dims) if maximum else average_scales(dims)
 
 
-def _adaptive_avg_pool(
-    op: str,
-    pool: Callable[..., Tensor],
+_Pool = Callable[..., Tensor]
+_MaxPool = Callable[..., Tensor | tuple[Tensor, Tensor]]
+_AVERAGES: dict[int, _Pool] = {
+    1: F.adaptive_avg_pool1d,
+    2: F.adaptive_avg_pool2d,
+    3: F.adaptive_avg_pool3d,
+}
+_MAXIMA: dict[int, _MaxPool] = {
+    1: F.adaptive_max_pool1d,
+    2: F.adaptive_max_pool2d,
+    3: F.adaptive_max_pool3d,
+}
+
+
+def _scales(
     n: int,
+    maximum: bool,
     input: Tensor,
     output_size: _OutputSize,
     constraint: str | None,
-) -> Tensor:
+) -> tuple[float, float]:
+    op = f"adaptive_{'max' if maximum else 'avg'}_pool{n}d"
     validate_constraint(constraint)
-    scales = _adaptive_scales(*_output_sizes(op, n, input, output_size), False)
+    spatial, out = _output_sizes(op, n, input, output_size)
+    return _adaptive_scales(spatial, out, maximum)
+
+
+def _adaptive_avg_pool(
+    n: int, input: Tensor, output_size: _OutputSize, constraint: str | None
+) -> Tensor:
+    scales = _scales(n, False, input, output_size, constraint)
+    pool = _AVERAGES[n]
     return scaled_unary(lambda x: pool(x, output_size), input, *scales, constraint)
 
 
 def _adaptive_max_pool(
-    op: str,
-    pool: Callable[..., Tensor | tuple[Tensor, Tensor]],
     n: int,
     input: Tensor,
     output_size: _OutputSize,
     return_indices: bool,
     constraint: str | None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    validate_constraint(constraint)
-    scales = _adaptive_scales(*_output_sizes(op, n, input, output_size), True)
+    scales = _scales(n, True, input, output_size, constraint)
+    pool = _MAXIMA[n]
     return scaled_unary(
-        lambda x: pool(x, output_size, return_indices),
-        input,
-        *scales,
-        constraint,
+        lambda x: pool(x, output_size, return_indices), input, *scales, constraint
     )
 
 
@@ -103,13 +120,15 @@ def adaptive_avg_pool1d(
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.adaptive_avg_pool1d`.
 
+    Output ``i`` averages a window of ``K_i`` inputs, so the averaging matrix
+    ``M`` has :math:`\\lVert M \\rVert^2 = \\sum_i 1 / K_i` and
+
     .. math::
         y = \\alpha\\, \\mathrm{avgpool}(x), \\qquad
-        \\alpha = \\left(\\frac{n_{out}}{\\lVert M \\rVert^2}\\right)^{1/2},\\quad
-        \\beta = \\left(\\frac{n_{in}}{\\lVert M \\rVert^2}\\right)^{1/2}
+        \\alpha = \\Big(L_{out} \\Big/ \\sum_i K_i^{-1}\\Big)^{1/2},\\quad
+        \\beta = \\Big(L_{in} \\Big/ \\sum_i K_i^{-1}\\Big)^{1/2}
 
-    with ``M`` the averaging matrix of the adaptive windows, exact for i.i.d.
-    unit-normal data. When ``L_out`` divides ``L_in``,
+    exact for i.i.d. unit-normal data. When ``L_out`` divides ``L_in``,
     :math:`\\alpha = K^{1/2}` and :math:`\\beta = K` for ``K = L_in / L_out``
     (the global average, ``output_size=1``, has :math:`\\alpha = L^{1/2}`,
     :math:`\\beta = L`). The constraint ties ``(alpha, beta)``.
@@ -123,12 +142,10 @@ def adaptive_avg_pool1d(
     Example::
 
         >>> y = U.adaptive_avg_pool1d(torch.randn(8, 16, 100), 10)
-        >>> round(y.std().item(), 1)
-        1.0
+        >>> y.shape, round(y.std().item(), 1)
+        (torch.Size([8, 16, 10]), 1.0)
     """
-    return _adaptive_avg_pool(
-        "adaptive_avg_pool1d", F.adaptive_avg_pool1d, 1, input, output_size, constraint
-    )
+    return _adaptive_avg_pool(1, input, output_size, constraint)
 
 
 def adaptive_avg_pool2d(
@@ -138,8 +155,13 @@ def adaptive_avg_pool2d(
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.adaptive_avg_pool2d`.
 
-    As :func:`adaptive_avg_pool1d`, per spatial dimension; a ``None`` output size
-    keeps that dimension.
+    As :func:`adaptive_avg_pool1d` along each of ``H`` and ``W``: ``M`` is the
+    product of the two dimensions' matrices, so
+
+    .. math::
+        \\alpha = \\alpha_H \\alpha_W, \\qquad \\beta = \\beta_H \\beta_W
+
+    A ``None`` output size keeps that dimension (its factors are 1).
 
     Args:
         input: ``(N, C, H, W)`` or ``(C, H, W)``.
@@ -150,12 +172,10 @@ def adaptive_avg_pool2d(
     Example::
 
         >>> y = U.adaptive_avg_pool2d(torch.randn(8, 16, 32, 32), (4, 4))
-        >>> round(y.std().item(), 1)
-        1.0
+        >>> y.shape, round(y.std().item(), 1)
+        (torch.Size([8, 16, 4, 4]), 1.0)
     """
-    return _adaptive_avg_pool(
-        "adaptive_avg_pool2d", F.adaptive_avg_pool2d, 2, input, output_size, constraint
-    )
+    return _adaptive_avg_pool(2, input, output_size, constraint)
 
 
 def adaptive_avg_pool3d(
@@ -165,8 +185,14 @@ def adaptive_avg_pool3d(
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.adaptive_avg_pool3d`.
 
-    As :func:`adaptive_avg_pool1d`, per spatial dimension; a ``None`` output size
-    keeps that dimension.
+    As :func:`adaptive_avg_pool1d` along each of ``D``, ``H`` and ``W``, the
+    scales multiplying over them:
+
+    .. math::
+        \\alpha = \\alpha_D \\alpha_H \\alpha_W, \\qquad
+        \\beta = \\beta_D \\beta_H \\beta_W
+
+    A ``None`` output size keeps that dimension (its factors are 1).
 
     Args:
         input: ``(N, C, D, H, W)`` or ``(C, D, H, W)``.
@@ -177,12 +203,10 @@ def adaptive_avg_pool3d(
     Example::
 
         >>> y = U.adaptive_avg_pool3d(torch.randn(4, 8, 16, 16, 16), 4)
-        >>> round(y.std().item(), 1)
-        1.0
+        >>> y.shape, round(y.std().item(), 1)
+        (torch.Size([4, 8, 4, 4, 4]), 1.0)
     """
-    return _adaptive_avg_pool(
-        "adaptive_avg_pool3d", F.adaptive_avg_pool3d, 3, input, output_size, constraint
-    )
+    return _adaptive_avg_pool(3, input, output_size, constraint)
 
 
 def adaptive_max_pool1d(
@@ -193,38 +217,33 @@ def adaptive_max_pool1d(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Unit-scaled :func:`torch.nn.functional.adaptive_max_pool1d`.
 
-    .. math::
-        y = \\alpha \\max_{j \\in w} x_j, \\qquad
-        \\alpha = 1 / \\mathrm{std}\\Big[\\max_{j \\le K} x_j\\Big],\\qquad
-        \\beta = (n_{in} / n_{out})^{1/2}
+    The maximum over the windows of :func:`adaptive_avg_pool1d`, scaled as
+    :func:`~unit_scaling.functional.max_pool1d` is:
 
-    as :func:`~unit_scaling.functional.max_pool1d`, over the adaptive windows
-    (where their sizes differ, ``alpha`` accounts for the mixture). The
-    constraint ties ``(alpha, beta)``.
+    .. math::
+        y_i = \\alpha \\max_{j \\in w_i} x_j, \\qquad
+        \\alpha = 1 / \\mathrm{std}_i\\Big[\\max_{j \\in w_i} x_j\\Big],\\qquad
+        \\beta = (L_{in} / L_{out})^{1/2}
+
+    where the standard deviation is over the windows, whose sizes ``K_i`` may
+    differ (``alpha`` accounts for the mixture). Each window's gradient reaches
+    one element, so ``beta`` is exact. The constraint ties ``(alpha, beta)``.
 
     Args:
         input: ``(N, C, L)`` or ``(C, L)``.
         output_size: the target length.
-        return_indices: also return the argmax indices, as torch does (only the
-            output is scaled).
+        return_indices: also return the argmax indices (only the output is
+            scaled).
         constraint: applied to ``(alpha, beta)``; see
             :mod:`unit_scaling.constraints`.
 
     Example::
 
         >>> y = U.adaptive_max_pool1d(torch.randn(8, 16, 100), 25)
-        >>> round(y.std().item(), 1)
-        1.0
+        >>> y.shape, round(y.std().item(), 1)
+        (torch.Size([8, 16, 25]), 1.0)
     """
-    return _adaptive_max_pool(
-        "adaptive_max_pool1d",
-        F.adaptive_max_pool1d,
-        1,
-        input,
-        output_size,
-        return_indices,
-        constraint,
-    )
+    return _adaptive_max_pool(1, input, output_size, return_indices, constraint)
 
 
 def adaptive_max_pool2d(
@@ -235,8 +254,14 @@ def adaptive_max_pool2d(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Unit-scaled :func:`torch.nn.functional.adaptive_max_pool2d`.
 
-    As :func:`adaptive_max_pool1d`, per spatial dimension; a ``None`` output size
-    keeps that dimension.
+    As :func:`adaptive_max_pool1d` over the windows of ``H`` and ``W`` together:
+
+    .. math::
+        \\alpha = 1 / \\mathrm{std}_{i}\\Big[\\max_{j \\in w_{H,i} \\times w_{W,i}}
+            x_j\\Big],\\qquad
+        \\beta = \\Big(\\frac{H_{in} W_{in}}{H_{out} W_{out}}\\Big)^{1/2}
+
+    A ``None`` output size keeps that dimension.
 
     Args:
         input: ``(N, C, H, W)`` or ``(C, H, W)``.
@@ -249,18 +274,10 @@ def adaptive_max_pool2d(
     Example::
 
         >>> y = U.adaptive_max_pool2d(torch.randn(8, 16, 32, 32), 8)
-        >>> round(y.std().item(), 1)
-        1.0
+        >>> y.shape, round(y.std().item(), 1)
+        (torch.Size([8, 16, 8, 8]), 1.0)
     """
-    return _adaptive_max_pool(
-        "adaptive_max_pool2d",
-        F.adaptive_max_pool2d,
-        2,
-        input,
-        output_size,
-        return_indices,
-        constraint,
-    )
+    return _adaptive_max_pool(2, input, output_size, return_indices, constraint)
 
 
 def adaptive_max_pool3d(
@@ -271,8 +288,14 @@ def adaptive_max_pool3d(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Unit-scaled :func:`torch.nn.functional.adaptive_max_pool3d`.
 
-    As :func:`adaptive_max_pool1d`, per spatial dimension; a ``None`` output size
-    keeps that dimension.
+    As :func:`adaptive_max_pool1d` over the windows of ``D``, ``H`` and ``W``
+    together, with
+
+    .. math::
+        \\beta = \\Big(\\frac{D_{in} H_{in} W_{in}}{D_{out} H_{out} W_{out}}\\Big)^{1/2}
+
+    and ``alpha`` from the maxima over those windows. A ``None`` output size keeps
+    that dimension.
 
     Args:
         input: ``(N, C, D, H, W)`` or ``(C, D, H, W)``.
@@ -285,15 +308,7 @@ def adaptive_max_pool3d(
     Example::
 
         >>> y = U.adaptive_max_pool3d(torch.randn(4, 8, 16, 16, 16), 4)
-        >>> round(y.std().item(), 1)
-        1.0
+        >>> y.shape, round(y.std().item(), 1)
+        (torch.Size([4, 8, 4, 4, 4]), 1.0)
     """
-    return _adaptive_max_pool(
-        "adaptive_max_pool3d",
-        F.adaptive_max_pool3d,
-        3,
-        input,
-        output_size,
-        return_indices,
-        constraint,
-    )
+    return _adaptive_max_pool(3, input, output_size, return_indices, constraint)

@@ -11,14 +11,13 @@ under a constraint the op costs no activation-sized pass beyond the plain one.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from ..constraints import apply_constraint
-from ._checks import expand_size, validate_constraint
-from ._scaling import fold_scales
+from ._checks import check_conv_shapes, expand_size, validate_constraint
+from ._scaling import scaled_affine
 
 __all__ = ["conv1d", "conv2d", "conv3d"]
 
@@ -55,9 +54,10 @@ def _output_size(
     return size
 
 
+_TORCH_CONVS = {1: torch.conv1d, 2: torch.conv2d, 3: torch.conv3d}
+
+
 def _conv(
-    op: str,
-    conv: Callable[..., Tensor],
     n: int,
     input: Tensor,
     weight: Tensor,
@@ -69,18 +69,11 @@ def _conv(
     constraint: str | None,
     scale_power: tuple[float, float, float],
 ) -> Tensor:
+    """The rule of :func:`conv1d` for ``n`` spatial dims: a linear layer's, with
+    the kernel in its fan-in and fan-out and the output positions in its batch."""
+    op = f"conv{n}d"
     validate_constraint(constraint)
-    if (
-        weight.dim() != n + 2
-        or input.dim() not in (n + 1, n + 2)
-        or input.shape[-n - 1] != weight.shape[1] * groups
-    ):
-        raise ValueError(
-            f"U.{op}: expected input of shape (N, C_in, *spatial) or (C_in, "
-            f"*spatial) and weight of shape (C_out, C_in / groups, *kernel) with "
-            f"{n} spatial dims, got input {tuple(input.shape)}, weight "
-            f"{tuple(weight.shape)} and groups={groups}"
-        )
+    check_conv_shapes(op, n, input, weight, groups, transposed=False)
     fan_out, fan_in, *kernel = weight.shape
     kernel_numel = math.prod(kernel)
     batch = input.shape[0] if input.dim() == n + 2 else 1
@@ -89,23 +82,19 @@ def _conv(
     positions = _output_size(
         op, tuple(input.shape[-n:]), tuple(kernel), strides, padding, dilations
     )
-    output_scale, grad_input_scale = apply_constraint(
-        constraint,
-        max(fan_in * kernel_numel, 1) ** -scale_power[0],
-        (math.prod(strides) * groups / max(fan_out * kernel_numel, 1))
-        ** scale_power[1],
-    )
+    grad_input_scale = (
+        math.prod(strides) * groups / max(fan_out * kernel_numel, 1)
+    ) ** scale_power[1]
     grad_weight_scale = max(positions * batch, 1) ** -scale_power[2]
-    input, weight, bias = fold_scales(
+    return scaled_affine(
+        lambda x, w, b: _TORCH_CONVS[n](x, w, b, stride, padding, dilation, groups),
         input,
         weight,
         bias,
-        output_scale,
-        grad_input_scale,
-        grad_weight_scale,
-        grad_weight_scale,
+        max(fan_in * kernel_numel, 1) ** -scale_power[0],
+        (grad_input_scale, grad_weight_scale, grad_weight_scale),
+        constraint,
     )
-    return conv(input, weight, bias, stride, padding, dilation, groups)
 
 
 def conv1d(
@@ -151,8 +140,6 @@ def conv1d(
         1.0
     """
     return _conv(
-        "conv1d",
-        torch.conv1d,
         1,
         input,
         weight,
@@ -205,8 +192,6 @@ def conv2d(
         1.0
     """
     return _conv(
-        "conv2d",
-        torch.conv2d,
         2,
         input,
         weight,
@@ -259,8 +244,6 @@ def conv3d(
         1.0
     """
     return _conv(
-        "conv3d",
-        torch.conv3d,
         3,
         input,
         weight,

@@ -19,23 +19,27 @@ for the convolutions.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from ..constraints import apply_constraint
-from ._checks import expand_size, validate_constraint
-from ._scaling import fold_scales
+from ._checks import check_conv_shapes, expand_size, validate_constraint
+from ._scaling import scaled_affine
 
 __all__ = ["conv_transpose1d", "conv_transpose2d", "conv_transpose3d"]
 
 _Size = int | Sequence[int]
 
 
+_TORCH_CONV_TRANSPOSES = {
+    1: torch.conv_transpose1d,
+    2: torch.conv_transpose2d,
+    3: torch.conv_transpose3d,
+}
+
+
 def _conv_transpose(
-    op: str,
-    conv: Callable[..., Tensor],
     n: int,
     input: Tensor,
     weight: Tensor,
@@ -48,20 +52,11 @@ def _conv_transpose(
     constraint: str | None,
     scale_power: tuple[float, float, float],
 ) -> Tensor:
+    """The rule of :func:`conv_transpose1d` for ``n`` spatial dims: a sum of
+    ``C_in / G · K / S`` terms forwards, a convolution of ``C_out / G · K`` back."""
+    op = f"conv_transpose{n}d"
     validate_constraint(constraint)
-    if (
-        weight.dim() != n + 2
-        or input.dim() not in (n + 1, n + 2)
-        or groups < 1
-        or weight.shape[0] % groups
-        or input.shape[-n - 1] != weight.shape[0]
-    ):
-        raise ValueError(
-            f"U.{op}: expected input of shape (N, C_in, *spatial) or (C_in, "
-            f"*spatial) and weight of shape (C_in, C_out / groups, *kernel) with "
-            f"{n} spatial dims and C_in divisible by groups, got input "
-            f"{tuple(input.shape)}, weight {tuple(weight.shape)} and groups={groups}"
-        )
+    check_conv_shapes(op, n, input, weight, groups, transposed=True)
     strides = expand_size(op, "stride", stride, n)
     pads = expand_size(op, "padding", padding, n)
     output_pads = expand_size(op, "output_padding", output_padding, n)
@@ -78,21 +73,21 @@ def _conv_transpose(
     fan_out = weight.shape[1]
     kernel_numel = math.prod(kernel)
     batch = input.shape[0] if input.dim() == n + 2 else 1
-    output_scale, grad_input_scale = apply_constraint(
-        constraint,
-        (max(fan_in * kernel_numel, 1) / math.prod(strides)) ** -scale_power[0],
-        max(fan_out * kernel_numel, 1) ** -scale_power[1],
-    )
-    input, weight, bias = fold_scales(
+    return scaled_affine(
+        lambda x, w, b: _TORCH_CONV_TRANSPOSES[n](
+            x, w, b, stride, padding, output_padding, groups, dilation
+        ),
         input,
         weight,
         bias,
-        output_scale,
-        grad_input_scale,
-        max(batch * math.prod(spatial), 1) ** -scale_power[2],
-        max(batch * math.prod(out_spatial), 1) ** -scale_power[2],
+        (max(fan_in * kernel_numel, 1) / math.prod(strides)) ** -scale_power[0],
+        (
+            max(fan_out * kernel_numel, 1) ** -scale_power[1],
+            max(batch * math.prod(spatial), 1) ** -scale_power[2],
+            max(batch * math.prod(out_spatial), 1) ** -scale_power[2],
+        ),
+        constraint,
     )
-    return conv(input, weight, bias, stride, padding, output_padding, groups, dilation)
 
 
 def conv_transpose1d(
@@ -108,6 +103,9 @@ def conv_transpose1d(
     scale_power: tuple[float, float, float] = (0.5, 0.5, 0.5),
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.conv_transpose1d`.
+
+    The adjoint of :func:`~unit_scaling.functional.conv1d`, scaled by the number
+    of terms in its own sums:
 
     .. math::
         y = \\alpha\\,(x \\star^T W + b),\\quad
@@ -140,8 +138,6 @@ def conv_transpose1d(
         (torch.Size([8, 16, 200]), 1.0)
     """
     return _conv_transpose(
-        "conv_transpose1d",
-        torch.conv_transpose1d,
         1,
         input,
         weight,
@@ -170,15 +166,15 @@ def conv_transpose2d(
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.conv_transpose2d`.
 
+    As :func:`conv_transpose1d`, with ``K = kH·kW``, ``S = sH·sW``,
+    ``L_in = H_in·W_in`` and ``L_out = H_out·W_out``:
+
     .. math::
         y = \\alpha\\,(x \\star^T W + b),\\quad
         \\alpha = \\left(\\frac{\\text{fan\\_in}\\cdot K}{S}\\right)^{-p_0},\\quad
         \\beta_x = (\\text{fan\\_out}\\cdot K)^{-p_1},\\quad
         \\beta_W = (L_{in} \\cdot N)^{-p_2},\\quad
         \\beta_b = (L_{out} \\cdot N)^{-p_2}
-
-    as for :func:`conv_transpose1d`, with ``K = kH·kW``, ``S = sH·sW``,
-    ``L_in = H_in·W_in`` and ``L_out = H_out·W_out``.
 
     Args:
         input: ``(N, C_in, H, W)`` or ``(C_in, H, W)``.
@@ -197,8 +193,6 @@ def conv_transpose2d(
         (torch.Size([4, 16, 32, 32]), 1.0)
     """
     return _conv_transpose(
-        "conv_transpose2d",
-        torch.conv_transpose2d,
         2,
         input,
         weight,
@@ -227,15 +221,15 @@ def conv_transpose3d(
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.conv_transpose3d`.
 
+    As :func:`conv_transpose1d`, with ``K = kD·kH·kW``, ``S = sD·sH·sW`` and
+    ``L`` the product of the three spatial sizes:
+
     .. math::
         y = \\alpha\\,(x \\star^T W + b),\\quad
         \\alpha = \\left(\\frac{\\text{fan\\_in}\\cdot K}{S}\\right)^{-p_0},\\quad
         \\beta_x = (\\text{fan\\_out}\\cdot K)^{-p_1},\\quad
         \\beta_W = (L_{in} \\cdot N)^{-p_2},\\quad
         \\beta_b = (L_{out} \\cdot N)^{-p_2}
-
-    as for :func:`conv_transpose1d`, with ``K = kD·kH·kW``, ``S = sD·sH·sW``
-    and ``L`` the product of the three spatial sizes.
 
     Args:
         input: ``(N, C_in, D, H, W)`` or ``(C_in, D, H, W)``.
@@ -254,8 +248,6 @@ def conv_transpose3d(
         (torch.Size([2, 8, 16, 16, 16]), 1.0)
     """
     return _conv_transpose(
-        "conv_transpose3d",
-        torch.conv_transpose3d,
         3,
         input,
         weight,

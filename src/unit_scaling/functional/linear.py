@@ -22,7 +22,7 @@ from .._torch_internals import any_autocast_enabled, unsafe_view
 from ..constraints import apply_constraint
 from ..scale import scale_bwd, scale_fwd
 from ._checks import autocast_inputs, validate_constraint
-from ._scaling import fold_scales
+from ._scaling import scaled_affine
 
 __all__ = ["bmm", "einsum", "linear", "linear_readout", "matmul"]
 
@@ -211,8 +211,11 @@ def linear(
     if input.numel() == 0 or weight.numel() == 0:
         # Zero-size operands: the GEMM placeholders of _ScaledLinearFn would not
         # broadcast, and speed does not matter. The same function as torch ops.
-        input, weight, bias = fold_scales(input, weight, bias, *scales, scales[2])
-        return F.linear(input, weight, bias)
+        # `scales` are constrained already, hence no constraint here.
+        alpha, beta_x, beta_w = scales
+        return scaled_affine(
+            F.linear, input, weight, bias, alpha, (beta_x, beta_w, beta_w), None
+        )
     out: Tensor = _ScaledLinearFn.apply(input, weight, bias, *scales)
     return out
 

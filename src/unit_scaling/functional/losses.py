@@ -10,6 +10,7 @@ no extra pass over the (possibly large) inputs.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +25,18 @@ __all__ = ["cross_entropy", "mse_loss"]
 _REDUCTIONS = ("mean", "sum", "none")
 
 
-def _check_reduction(op: str, reduction: str) -> None:
+def _check_loss_args(
+    op: str,
+    reduction: str,
+    size_average: bool | None,
+    reduce: bool | None,
+    **unsupported: tuple[Any, Any],
+) -> None:
+    """Reject torch's deprecated ``size_average``/``reduce`` (every loss has them),
+    the other arguments this loss cannot honour, and an unknown reduction."""
+    reject_unsupported(
+        op, size_average=(size_average, None), reduce=(reduce, None), **unsupported
+    )
     if reduction not in _REDUCTIONS:
         raise ValueError(
             f"U.{op}: reduction={reduction!r} is not valid; expected one of "
@@ -105,14 +117,14 @@ def cross_entropy(
         >>> round(logits.grad.pow(2).mean().sqrt().item(), 1)
         1.0
     """
-    reject_unsupported(
+    _check_loss_args(
         "cross_entropy",
+        reduction,
+        size_average,
+        reduce,
         weight=(weight, None),
-        size_average=(size_average, None),
-        reduce=(reduce, None),
         label_smoothing=(label_smoothing, 0.0),
     )
-    _check_reduction("cross_entropy", reduction)
     check_mult("cross_entropy", mult)
     _check_class_targets(input, target)
     num_classes = input.shape[1] if input.dim() >= 2 else input.shape[0]
@@ -169,13 +181,7 @@ def mse_loss(
         >>> round(x.grad.std().item(), 1)
         1.0
     """
-    reject_unsupported(
-        "mse_loss",
-        size_average=(size_average, None),
-        reduce=(reduce, None),
-        weight=(weight, None),
-    )
-    _check_reduction("mse_loss", reduction)
+    _check_loss_args("mse_loss", reduction, size_average, reduce, weight=(weight, None))
     if input.shape != target.shape:
         raise ValueError(
             f"U.mse_loss: input and target must have the same shape, got input "

@@ -182,16 +182,17 @@ def batch_norm(
     """Unit-scaled :func:`torch.nn.functional.batch_norm`.
 
     .. math::
-        y = \\frac{x - \\mathrm{E}[x]}{\\sqrt{\\mathrm{Var}[x] + \\epsilon}}
+        y = \\frac{x - \\mathrm{E}_{N,*}[x]}{\\sqrt{\\mathrm{Var}_{N,*}[x] + \\epsilon}}
             \\odot w + b,\\qquad
         \\beta_w = \\beta_b = \\left(\\frac{C}{\\text{numel}}\\right)^{1/2}
 
-    for input ``(N, C, *)``, with batch statistics per channel when ``training``
-    and the running ones otherwise. The output and input gradient are unscaled
-    (already unit in training; in evaluation the running statistics of unit data
-    make the op close to the identity). Each per-channel weight and bias gradient
-    sums ``numel / C`` terms, hence ``beta``. ``running_mean`` and
-    ``running_var`` are updated in place exactly as by torch.
+    for input ``(N, C, *)``, with batch statistics per channel (over ``N`` and the
+    spatial dims ``*``) when ``training`` and the running ones otherwise. The
+    output and input gradient are unscaled (already unit in training; in
+    evaluation the running statistics of unit data make the op close to the
+    identity). Each per-channel weight and bias gradient sums ``numel / C``
+    terms, hence ``beta``. ``running_mean`` and ``running_var`` are updated in
+    place exactly as by torch.
 
     Args:
         input: ``(N, C, *)``.
@@ -230,7 +231,7 @@ def instance_norm(
     """Unit-scaled :func:`torch.nn.functional.instance_norm`.
 
     .. math::
-        y = \\frac{x - \\mathrm{E}[x]}{\\sqrt{\\mathrm{Var}[x] + \\epsilon}}
+        y = \\frac{x - \\mathrm{E}_{*}[x]}{\\sqrt{\\mathrm{Var}_{*}[x] + \\epsilon}}
             \\odot w + b,\\qquad
         \\beta_w = \\beta_b = \\left(\\frac{C}{\\text{numel}}\\right)^{1/2}
 

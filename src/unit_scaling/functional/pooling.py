@@ -40,7 +40,7 @@ __all__ = [
 _Size = int | Sequence[int]
 
 
-def _pool_args(
+def _scales(
     op: str,
     n: int,
     input: Tensor,
@@ -48,46 +48,35 @@ def _pool_args(
     stride: _Size | None,
     padding: _Size,
     dilation: _Size,
-) -> tuple[tuple[int, ...], ...]:
-    """Spatial sizes, kernel, stride, padding and dilation as ``n``-tuples."""
+    ceil_mode: bool,
+    average: tuple[bool, int | None] | None,
+) -> tuple[float, float]:
+    """The exact scales of a max pool, or of an average pool when ``average`` is
+    its ``(count_include_pad, divisor_override)``, from torch's arguments."""
     kernel = expand_size(op, "kernel_size", kernel_size, n)
     # torch: a missing (None or empty) stride is the kernel size.
     no_stride = stride is None or (not isinstance(stride, int) and len(stride) == 0)
     strides = kernel if no_stride else expand_size(op, "stride", stride, n)  # type: ignore[arg-type]
-    return (
+    return _window_scales(
         spatial_shape(op, input, n),
         kernel,
         strides,
         expand_size(op, "padding", padding, n),
         expand_size(op, "dilation", dilation, n),
+        ceil_mode,
+        average,
     )
 
 
 @memoise
-def _avg_pool_scales(
-    spatial: tuple[int, ...],
-    kernel: tuple[int, ...],
-    strides: tuple[int, ...],
-    pads: tuple[int, ...],
-    ceil_mode: bool,
-    count_include_pad: bool,
-    divisor_override: int | None,
-) -> tuple[float, float]:
-    dims = [
-        (length, pool_windows(length, k, s, p, 1, ceil_mode))
-        for length, k, s, p in zip(spatial, kernel, strides, pads, strict=True)
-    ]
-    return average_scales(dims, count_include_pad, divisor_override)
-
-
-@memoise
-def _max_pool_scales(
+def _window_scales(
     spatial: tuple[int, ...],
     kernel: tuple[int, ...],
     strides: tuple[int, ...],
     pads: tuple[int, ...],
     dilations: tuple[int, ...],
     ceil_mode: bool,
+    average: tuple[bool, int | None] | None,
 ) -> tuple[float, float]:
     dims = [
         (length, pool_windows(length, k, s, p, d, ceil_mode))
@@ -95,12 +84,16 @@ def _max_pool_scales(
             spatial, kernel, strides, pads, dilations, strict=True
         )
     ]
-    return max_scales(dims)
+    return max_scales(dims) if average is None else average_scales(dims, *average)
+
+
+_Pool = Callable[..., Tensor]
+_MaxPool = Callable[..., Tensor | tuple[Tensor, Tensor]]
+_AVERAGES: dict[int, _Pool] = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+_MAXIMA: dict[int, _MaxPool] = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 
 
 def _avg_pool(
-    op: str,
-    pool: Callable[..., Tensor],
     n: int,
     input: Tensor,
     kernel_size: _Size,
@@ -108,17 +101,16 @@ def _avg_pool(
     padding: _Size,
     ceil_mode: bool,
     count_include_pad: bool,
-    divisor_override: int | None,
     constraint: str | None,
+    divisor_override: int | None = None,
 ) -> Tensor:
+    op = f"avg_pool{n}d"
     validate_constraint(constraint)
-    spatial, kernel, strides, pads, _ = _pool_args(
-        op, n, input, kernel_size, stride, padding, 1
-    )
-    scales = _avg_pool_scales(
-        spatial, kernel, strides, pads, ceil_mode, count_include_pad, divisor_override
-    )
+    average = (count_include_pad, divisor_override)
+    scales = _scales(op, n, input, kernel_size, stride, padding, 1, ceil_mode, average)
+    # avg_pool1d has no divisor_override.
     extra = () if divisor_override is None else (divisor_override,)
+    pool = _AVERAGES[n]
     return scaled_unary(
         lambda x: pool(
             x, kernel_size, stride, padding, ceil_mode, count_include_pad, *extra
@@ -130,8 +122,6 @@ def _avg_pool(
 
 
 def _max_pool(
-    op: str,
-    pool: Callable[..., Tensor | tuple[Tensor, Tensor]],
     n: int,
     input: Tensor,
     kernel_size: _Size,
@@ -142,11 +132,12 @@ def _max_pool(
     return_indices: bool,
     constraint: str | None,
 ) -> Tensor | tuple[Tensor, Tensor]:
+    op = f"max_pool{n}d"
     validate_constraint(constraint)
-    spatial, kernel, strides, pads, dilations = _pool_args(
-        op, n, input, kernel_size, stride, padding, dilation
+    scales = _scales(
+        op, n, input, kernel_size, stride, padding, dilation, ceil_mode, None
     )
-    scales = _max_pool_scales(spatial, kernel, strides, pads, dilations, ceil_mode)
+    pool = _MAXIMA[n]
     return scaled_unary(
         lambda x: pool(
             x,
@@ -200,8 +191,6 @@ def avg_pool1d(
         1.0
     """
     return _avg_pool(
-        "avg_pool1d",
-        F.avg_pool1d,
         1,
         input,
         kernel_size,
@@ -209,7 +198,6 @@ def avg_pool1d(
         padding,
         ceil_mode,
         count_include_pad,
-        None,
         constraint,
     )
 
@@ -246,8 +234,6 @@ def avg_pool2d(
         1.0
     """
     return _avg_pool(
-        "avg_pool2d",
-        F.avg_pool2d,
         2,
         input,
         kernel_size,
@@ -255,8 +241,8 @@ def avg_pool2d(
         padding,
         ceil_mode,
         count_include_pad,
-        divisor_override,
         constraint,
+        divisor_override=divisor_override,
     )
 
 
@@ -288,8 +274,6 @@ def avg_pool3d(
         1.0
     """
     return _avg_pool(
-        "avg_pool3d",
-        F.avg_pool3d,
         3,
         input,
         kernel_size,
@@ -297,8 +281,8 @@ def avg_pool3d(
         padding,
         ceil_mode,
         count_include_pad,
-        divisor_override,
         constraint,
+        divisor_override=divisor_override,
     )
 
 
@@ -343,8 +327,6 @@ def max_pool1d(
         1.0
     """
     return _max_pool(
-        "max_pool1d",
-        F.max_pool1d,
         1,
         input,
         kernel_size,
@@ -386,8 +368,6 @@ def max_pool2d(
         1.0
     """
     return _max_pool(
-        "max_pool2d",
-        F.max_pool2d,
         2,
         input,
         kernel_size,
@@ -429,8 +409,6 @@ def max_pool3d(
         1.0
     """
     return _max_pool(
-        "max_pool3d",
-        F.max_pool3d,
         3,
         input,
         kernel_size,
