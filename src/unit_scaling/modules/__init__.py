@@ -1,94 +1,38 @@
 """Unit-scaled :mod:`torch.nn` modules; each holds parameters and calls one ``U.*``."""
 
-from .activation import GELU, Dropout, SiLU, Softmax
-from .conv import (
-    Conv1d,
-    Conv2d,
-    Conv3d,
-    ConvTranspose1d,
-    ConvTranspose2d,
-    ConvTranspose3d,
+# Each submodule lists its public classes in its own __all__, once.
+from . import (
+    activation,
+    conv,
+    depth,
+    linear,
+    loss,
+    normalization,
+    pooling,
+    sparse,
+    transformer,
+    upsampling,
 )
-from .depth import DepthModuleList, DepthSequential
-from .linear import Linear, LinearReadout
-from .loss import CrossEntropyLoss
-from .normalization import (
-    BatchNorm1d,
-    BatchNorm2d,
-    BatchNorm3d,
-    GroupNorm,
-    InstanceNorm1d,
-    InstanceNorm2d,
-    InstanceNorm3d,
-    LayerNorm,
-    RMSNorm,
-)
-from .pooling import (
-    AdaptiveAvgPool1d,
-    AdaptiveAvgPool2d,
-    AdaptiveAvgPool3d,
-    AdaptiveMaxPool1d,
-    AdaptiveMaxPool2d,
-    AdaptiveMaxPool3d,
-    AvgPool1d,
-    AvgPool2d,
-    AvgPool3d,
-    MaxPool1d,
-    MaxPool2d,
-    MaxPool3d,
-)
-from .sparse import Embedding
-from .transformer import (
-    MHSA,
-    MLP,
-    TransformerDecoder,
-    TransformerLayer,
-    TransformerStack,
-)
-from .upsampling import Upsample
+from .activation import *  # noqa: F403
+from .conv import *  # noqa: F403
+from .depth import *  # noqa: F403
+from .linear import *  # noqa: F403
+from .loss import *  # noqa: F403
+from .normalization import *  # noqa: F403
+from .pooling import *  # noqa: F403
+from .sparse import *  # noqa: F403
+from .transformer import *  # noqa: F403
+from .upsampling import *  # noqa: F403
 
 __all__ = [
-    "GELU",
-    "MHSA",
-    "MLP",
-    "AdaptiveAvgPool1d",
-    "AdaptiveAvgPool2d",
-    "AdaptiveAvgPool3d",
-    "AdaptiveMaxPool1d",
-    "AdaptiveMaxPool2d",
-    "AdaptiveMaxPool3d",
-    "AvgPool1d",
-    "AvgPool2d",
-    "AvgPool3d",
-    "BatchNorm1d",
-    "BatchNorm2d",
-    "BatchNorm3d",
-    "Conv1d",
-    "Conv2d",
-    "Conv3d",
-    "ConvTranspose1d",
-    "ConvTranspose2d",
-    "ConvTranspose3d",
-    "CrossEntropyLoss",
-    "DepthModuleList",
-    "DepthSequential",
-    "Dropout",
-    "Embedding",
-    "GroupNorm",
-    "InstanceNorm1d",
-    "InstanceNorm2d",
-    "InstanceNorm3d",
-    "LayerNorm",
-    "Linear",
-    "LinearReadout",
-    "MaxPool1d",
-    "MaxPool2d",
-    "MaxPool3d",
-    "RMSNorm",
-    "SiLU",
-    "Softmax",
-    "TransformerDecoder",
-    "TransformerLayer",
-    "TransformerStack",
-    "Upsample",
+    *activation.__all__,
+    *conv.__all__,
+    *depth.__all__,
+    *linear.__all__,
+    *loss.__all__,
+    *normalization.__all__,
+    *pooling.__all__,
+    *sparse.__all__,
+    *transformer.__all__,
+    *upsampling.__all__,
 ]

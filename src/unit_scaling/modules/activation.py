@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 
 from .. import functional as U
-from ..constraints import validate_constraint
+from ._base import CallsFunction
 
 __all__ = ["GELU", "Dropout", "SiLU", "Softmax"]
 
 
-class GELU(nn.GELU):
-    """Unit-scaled :class:`torch.nn.GELU` with temperature ``mult``.
+class _Tempered(CallsFunction):
+    """An activation with a temperature ``mult`` as well as a ``constraint``."""
 
-    See :func:`unit_scaling.functional.gelu`.
+    _keywords = ("mult", "constraint")
+    _shown = ("mult", "constraint")
+
+    def __init__(self, mult: float, constraint: str | None, *torch_args: Any) -> None:
+        super().__init__(constraint, *torch_args)
+        self.mult = mult
+
+
+class GELU(_Tempered, nn.GELU):
+    """Unit-scaled :class:`torch.nn.GELU`: ``alpha * GELU(mult * x) / mult``.
+
+    ``mult`` is a temperature; :func:`unit_scaling.functional.gelu` gives ``alpha``.
 
     Example::
 
@@ -21,32 +34,22 @@ class GELU(nn.GELU):
         torch.Size([4, 8])
     """
 
+    _function = staticmethod(U.gelu)
+    _arguments = ("approximate",)
+
     def __init__(
         self,
         approximate: str = "none",
         mult: float = 1.0,
         constraint: str | None = "to_output_scale",
     ) -> None:
-        validate_constraint(constraint)
-        super().__init__(approximate)
-        self.mult = mult
-        self.constraint = constraint
-
-    def forward(self, input: Tensor) -> Tensor:
-        return U.gelu(
-            input, self.approximate, mult=self.mult, constraint=self.constraint
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"{super().extra_repr()}, mult={self.mult}, constraint={self.constraint!r}"
-        )
+        super().__init__(mult, constraint, approximate)
 
 
-class SiLU(nn.SiLU):
-    """Unit-scaled :class:`torch.nn.SiLU` with temperature ``mult``.
+class SiLU(_Tempered, nn.SiLU):
+    """Unit-scaled :class:`torch.nn.SiLU`: ``alpha * SiLU(mult * x) / mult``.
 
-    See :func:`unit_scaling.functional.silu`.
+    ``mult`` is a temperature; :func:`unit_scaling.functional.silu` gives ``alpha``.
 
     Example::
 
@@ -54,29 +57,23 @@ class SiLU(nn.SiLU):
         torch.Size([4, 8])
     """
 
+    _function = staticmethod(U.silu)
+    _arguments = ("inplace",)
+
     def __init__(
         self,
         inplace: bool = False,
         mult: float = 1.0,
         constraint: str | None = "to_output_scale",
     ) -> None:
-        validate_constraint(constraint)
-        super().__init__(inplace)
-        self.mult = mult
-        self.constraint = constraint
-
-    def forward(self, input: Tensor) -> Tensor:
-        return U.silu(input, self.inplace, mult=self.mult, constraint=self.constraint)
-
-    def extra_repr(self) -> str:
-        inplace = "inplace=True, " if self.inplace else ""
-        return f"{inplace}mult={self.mult}, constraint={self.constraint!r}"
+        super().__init__(mult, constraint, inplace)
 
 
-class Softmax(nn.Softmax):
-    """Unit-scaled :class:`torch.nn.Softmax` with temperature ``mult``.
+class Softmax(_Tempered, nn.Softmax):
+    """Unit-scaled :class:`torch.nn.Softmax`: ``alpha * softmax(mult * x, dim)``.
 
-    See :func:`unit_scaling.functional.softmax`.
+    ``alpha`` normalises the output's RMS, so rows no longer sum to one; ``mult`` is
+    a temperature. See :func:`unit_scaling.functional.softmax`.
 
     Example::
 
@@ -85,6 +82,9 @@ class Softmax(nn.Softmax):
     """
 
     dim: int
+    _function = staticmethod(U.softmax)
+    _arguments = ("dim",)
+    _keywords = ("constraint", "mult")
 
     def __init__(
         self,
@@ -92,16 +92,7 @@ class Softmax(nn.Softmax):
         mult: float = 1.0,
         constraint: str | None = "to_output_scale",
     ) -> None:
-        validate_constraint(constraint)
-        super().__init__(dim)
-        self.mult = mult
-        self.constraint = constraint
-
-    def forward(self, input: Tensor) -> Tensor:
-        return U.softmax(input, self.dim, constraint=self.constraint, mult=self.mult)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}, mult={self.mult}, constraint={self.constraint!r}"
+        super().__init__(mult, constraint, dim)
 
 
 class Dropout(nn.Dropout):

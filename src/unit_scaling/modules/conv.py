@@ -9,16 +9,13 @@ bias (off by default, as for :class:`~unit_scaling.Linear`) zero and tagged
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
 
 from .. import functional as U
-from .._torch_internals import size_1_t, size_2_t, size_3_t
-from ..constraints import validate_constraint
-from ..parameter import Parameter
-from ._base import KeepsTags
+from ._base import CallsFunction, WeightAndBias
 
 __all__ = [
     "Conv1d",
@@ -30,38 +27,60 @@ __all__ = [
 ]
 
 
-class _UnitConv(KeepsTags):
-    """What every unit-scaled convolution adds to its ``nn`` base class."""
+class _ConvNd(WeightAndBias, CallsFunction):
+    """What every unit-scaled convolution adds to its ``nn`` base class: only zero
+    padding, the tagged ``N(0, 1)`` weight and zero bias, and ``constraint``."""
 
-    weight: Tensor
-    bias: Tensor | None
-    constraint: str | None
-
-    @staticmethod
-    def _check(name: str, padding_mode: str, constraint: str | None) -> None:
+    def __init__(
+        self, padding_mode: str, constraint: str | None, *torch_args: Any
+    ) -> None:
         if padding_mode != "zeros":
             raise ValueError(
-                f"{name}: padding_mode={padding_mode!r} has not been implemented; "
-                "only 'zeros' is supported"
+                f"{type(self).__name__}: padding_mode={padding_mode!r} has not been "
+                "implemented; only 'zeros' is supported"
             )
-        validate_constraint(constraint)
-
-    def _tag(self, constraint: str | None) -> None:
-        self.weight = Parameter(self.weight.data, mup_type="weight")
-        if self.bias is not None:
-            self.bias = Parameter(self.bias.data, mup_type="bias")
-        self.constraint = constraint
-
-    def reset_parameters(self) -> None:
-        nn.init.normal_(self.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, constraint={self.constraint!r}"
+        super().__init__(constraint, *torch_args)
+        self._tag_weight_and_bias()
 
 
-class Conv1d(_UnitConv, nn.Conv1d):
+class _Conv(_ConvNd):
+    """``Conv{1,2,3}d``: torch's constructor, without a bias by default."""
+
+    _arguments = ("weight", "bias", "stride", "padding", "dilation", "groups")
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, ...],
+        stride: int | tuple[int, ...] = 1,
+        padding: int | tuple[int, ...] | str = 0,
+        dilation: int | tuple[int, ...] = 1,
+        groups: int = 1,
+        bias: bool = False,
+        padding_mode: Literal["zeros"] = "zeros",
+        device: Any = None,
+        dtype: torch.dtype | None = None,
+        constraint: str | None = "to_output_scale",
+    ) -> None:
+        super().__init__(
+            padding_mode,
+            constraint,
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            groups,
+            bias,
+            padding_mode,
+            device,
+            dtype,
+        )
+
+
+class Conv1d(_Conv, nn.Conv1d):
     """Unit-scaled :class:`torch.nn.Conv1d`: ``y = U.conv1d(x, W, b, ...)``.
 
     Example::
@@ -71,51 +90,10 @@ class Conv1d(_UnitConv, nn.Conv1d):
         torch.Size([4, 32, 100])
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: size_1_t,
-        stride: size_1_t = 1,
-        padding: size_1_t | str = 0,
-        dilation: size_1_t = 1,
-        groups: int = 1,
-        bias: bool = False,
-        padding_mode: Literal["zeros"] = "zeros",
-        device: Any = None,
-        dtype: torch.dtype | None = None,
-        constraint: str | None = "to_output_scale",
-    ) -> None:
-        self._check("Conv1d", padding_mode, constraint)
-        super().__init__(
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            dilation,
-            groups,
-            bias,
-            padding_mode,
-            device,
-            dtype,
-        )
-        self._tag(constraint)
-
-    def forward(self, input: Tensor) -> Tensor:
-        return U.conv1d(
-            input,
-            self.weight,
-            self.bias,
-            self.stride,
-            self.padding,
-            self.dilation,
-            self.groups,
-            constraint=self.constraint,
-        )
+    _function = staticmethod(U.conv1d)
 
 
-class Conv2d(_UnitConv, nn.Conv2d):
+class Conv2d(_Conv, nn.Conv2d):
     """Unit-scaled :class:`torch.nn.Conv2d`: ``y = U.conv2d(x, W, b, ...)``.
 
     Example::
@@ -125,51 +103,10 @@ class Conv2d(_UnitConv, nn.Conv2d):
         torch.Size([4, 32, 28, 28])
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: size_2_t,
-        stride: size_2_t = 1,
-        padding: size_2_t | str = 0,
-        dilation: size_2_t = 1,
-        groups: int = 1,
-        bias: bool = False,
-        padding_mode: Literal["zeros"] = "zeros",
-        device: Any = None,
-        dtype: torch.dtype | None = None,
-        constraint: str | None = "to_output_scale",
-    ) -> None:
-        self._check("Conv2d", padding_mode, constraint)
-        super().__init__(
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            dilation,
-            groups,
-            bias,
-            padding_mode,
-            device,
-            dtype,
-        )
-        self._tag(constraint)
-
-    def forward(self, input: Tensor) -> Tensor:
-        return U.conv2d(
-            input,
-            self.weight,
-            self.bias,
-            self.stride,
-            self.padding,
-            self.dilation,
-            self.groups,
-            constraint=self.constraint,
-        )
+    _function = staticmethod(U.conv2d)
 
 
-class Conv3d(_UnitConv, nn.Conv3d):
+class Conv3d(_Conv, nn.Conv3d):
     """Unit-scaled :class:`torch.nn.Conv3d`: ``y = U.conv3d(x, W, b, ...)``.
 
     Example::
@@ -179,55 +116,50 @@ class Conv3d(_UnitConv, nn.Conv3d):
         torch.Size([2, 16, 10, 10, 10])
     """
 
+    _function = staticmethod(U.conv3d)
+
+
+class _ConvTranspose(_ConvNd):
+    """``ConvTranspose{1,2,3}d``: torch's constructor, without a bias by default,
+    and its ``forward(input, output_size=None)``."""
+
+    # ``U.conv_transpose*d`` then takes output_padding (set by each call's
+    # output_size), groups and dilation, which forward passes.
+    _arguments = ("weight", "bias", "stride", "padding")
+    _spatial_dims: int
+
     def __init__(
         self,
         in_channels: int,
         out_channels: int,
-        kernel_size: size_3_t,
-        stride: size_3_t = 1,
-        padding: size_3_t | str = 0,
-        dilation: size_3_t = 1,
+        kernel_size: int | tuple[int, ...],
+        stride: int | tuple[int, ...] = 1,
+        padding: int | tuple[int, ...] = 0,
+        output_padding: int | tuple[int, ...] = 0,
         groups: int = 1,
         bias: bool = False,
+        dilation: int | tuple[int, ...] = 1,
         padding_mode: Literal["zeros"] = "zeros",
         device: Any = None,
         dtype: torch.dtype | None = None,
         constraint: str | None = "to_output_scale",
     ) -> None:
-        self._check("Conv3d", padding_mode, constraint)
         super().__init__(
+            padding_mode,
+            constraint,
             in_channels,
             out_channels,
             kernel_size,
             stride,
             padding,
-            dilation,
+            output_padding,
             groups,
             bias,
+            dilation,
             padding_mode,
             device,
             dtype,
         )
-        self._tag(constraint)
-
-    def forward(self, input: Tensor) -> Tensor:
-        return U.conv3d(
-            input,
-            self.weight,
-            self.bias,
-            self.stride,
-            self.padding,
-            self.dilation,
-            self.groups,
-            constraint=self.constraint,
-        )
-
-
-class _UnitConvTranspose(_UnitConv):
-    """``forward(input, output_size=None)`` as torch's, on a ``U`` function."""
-
-    _function: staticmethod[..., Tensor]
-    _spatial_dims: int
 
     def forward(self, input: Tensor, output_size: list[int] | None = None) -> Tensor:
         output_padding = self._output_padding(  # type: ignore[operator]
@@ -239,20 +171,12 @@ class _UnitConvTranspose(_UnitConv):
             self._spatial_dims,
             self.dilation,
         )
-        return self._function(
-            input,
-            self.weight,
-            self.bias,
-            self.stride,
-            self.padding,
-            output_padding,
-            self.groups,
-            self.dilation,
-            constraint=self.constraint,
+        return cast(
+            Tensor, self._call(input, output_padding, self.groups, self.dilation)
         )
 
 
-class ConvTranspose1d(_UnitConvTranspose, nn.ConvTranspose1d):
+class ConvTranspose1d(_ConvTranspose, nn.ConvTranspose1d):
     """Unit-scaled :class:`torch.nn.ConvTranspose1d`: ``U.conv_transpose1d``.
 
     Example::
@@ -265,41 +189,8 @@ class ConvTranspose1d(_UnitConvTranspose, nn.ConvTranspose1d):
     _function = staticmethod(U.conv_transpose1d)
     _spatial_dims = 1
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: size_1_t,
-        stride: size_1_t = 1,
-        padding: size_1_t = 0,
-        output_padding: size_1_t = 0,
-        groups: int = 1,
-        bias: bool = False,
-        dilation: size_1_t = 1,
-        padding_mode: Literal["zeros"] = "zeros",
-        device: Any = None,
-        dtype: torch.dtype | None = None,
-        constraint: str | None = "to_output_scale",
-    ) -> None:
-        self._check("ConvTranspose1d", padding_mode, constraint)
-        super().__init__(
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            output_padding,
-            groups,
-            bias,
-            dilation,
-            padding_mode,
-            device,
-            dtype,
-        )
-        self._tag(constraint)
 
-
-class ConvTranspose2d(_UnitConvTranspose, nn.ConvTranspose2d):
+class ConvTranspose2d(_ConvTranspose, nn.ConvTranspose2d):
     """Unit-scaled :class:`torch.nn.ConvTranspose2d`: ``U.conv_transpose2d``.
 
     Example::
@@ -312,41 +203,8 @@ class ConvTranspose2d(_UnitConvTranspose, nn.ConvTranspose2d):
     _function = staticmethod(U.conv_transpose2d)
     _spatial_dims = 2
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: size_2_t,
-        stride: size_2_t = 1,
-        padding: size_2_t = 0,
-        output_padding: size_2_t = 0,
-        groups: int = 1,
-        bias: bool = False,
-        dilation: size_2_t = 1,
-        padding_mode: Literal["zeros"] = "zeros",
-        device: Any = None,
-        dtype: torch.dtype | None = None,
-        constraint: str | None = "to_output_scale",
-    ) -> None:
-        self._check("ConvTranspose2d", padding_mode, constraint)
-        super().__init__(
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            output_padding,
-            groups,
-            bias,
-            dilation,
-            padding_mode,
-            device,
-            dtype,
-        )
-        self._tag(constraint)
 
-
-class ConvTranspose3d(_UnitConvTranspose, nn.ConvTranspose3d):
+class ConvTranspose3d(_ConvTranspose, nn.ConvTranspose3d):
     """Unit-scaled :class:`torch.nn.ConvTranspose3d`: ``U.conv_transpose3d``.
 
     Example::
@@ -358,36 +216,3 @@ class ConvTranspose3d(_UnitConvTranspose, nn.ConvTranspose3d):
 
     _function = staticmethod(U.conv_transpose3d)
     _spatial_dims = 3
-
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: size_3_t,
-        stride: size_3_t = 1,
-        padding: size_3_t = 0,
-        output_padding: size_3_t = 0,
-        groups: int = 1,
-        bias: bool = False,
-        dilation: size_3_t = 1,
-        padding_mode: Literal["zeros"] = "zeros",
-        device: Any = None,
-        dtype: torch.dtype | None = None,
-        constraint: str | None = "to_output_scale",
-    ) -> None:
-        self._check("ConvTranspose3d", padding_mode, constraint)
-        super().__init__(
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            output_padding,
-            groups,
-            bias,
-            dilation,
-            padding_mode,
-            device,
-            dtype,
-        )
-        self._tag(constraint)

@@ -8,14 +8,13 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as U
-from ..constraints import validate_constraint
 from ..parameter import MupType, Parameter
-from ._base import KeepsTags, check_sizes
+from ._base import CallsFunction, WeightAndBias, check_sizes
 
 __all__ = ["Linear", "LinearReadout"]
 
 
-class Linear(KeepsTags, nn.Linear):
+class Linear(WeightAndBias, CallsFunction, nn.Linear):
     """Unit-scaled :class:`torch.nn.Linear`: ``y = U.linear(x, W, b)``.
 
     The weight is initialised ``N(0, 1)`` (the scale lives in the op, not the
@@ -35,6 +34,9 @@ class Linear(KeepsTags, nn.Linear):
     """
 
     weight: Parameter
+    _function: staticmethod[..., Tensor] = staticmethod(U.linear)
+    _arguments = ("weight", "bias", "constraint")
+    _keywords = ()
 
     def __init__(
         self,
@@ -46,26 +48,11 @@ class Linear(KeepsTags, nn.Linear):
         constraint: str | None = "to_output_scale",
         weight_mup_type: MupType = "weight",
     ) -> None:
-        validate_constraint(constraint)
         check_sizes(
             type(self).__name__, in_features=in_features, out_features=out_features
         )
-        super().__init__(in_features, out_features, bias, device, dtype)
-        self.weight = Parameter(self.weight.data, mup_type=weight_mup_type)
-        if self.bias is not None:
-            self.bias = Parameter(self.bias.data, mup_type="bias")
-        self.constraint = constraint
-
-    def reset_parameters(self) -> None:
-        nn.init.normal_(self.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
-
-    def forward(self, input: Tensor) -> Tensor:
-        return U.linear(input, self.weight, self.bias, self.constraint)
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, constraint={self.constraint!r}"
+        super().__init__(constraint, in_features, out_features, bias, device, dtype)
+        self._tag_weight_and_bias(weight_mup_type)
 
 
 class LinearReadout(Linear):
@@ -81,6 +68,8 @@ class LinearReadout(Linear):
         'output'
     """
 
+    _function = staticmethod(U.linear_readout)
+
     def __init__(
         self,
         in_features: int,
@@ -94,6 +83,3 @@ class LinearReadout(Linear):
         super().__init__(
             in_features, out_features, bias, device, dtype, constraint, weight_mup_type
         )
-
-    def forward(self, input: Tensor) -> Tensor:
-        return U.linear_readout(input, self.weight, self.bias, self.constraint)

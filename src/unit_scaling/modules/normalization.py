@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from .. import functional as U
 from .._torch_internals import BatchNormBase, InstanceNormBase
-from ..parameter import Parameter
+from ..parameter import MupType, has_parameter_data, retag
 from ._base import KeepsTags
 
 __all__ = [
@@ -30,16 +30,25 @@ __all__ = [
 ]
 
 
-def _tag_affine(module: nn.Module) -> None:
-    """Re-tag a norm module's existing affine parameters in place."""
-    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
-    if isinstance(weight, Tensor):
-        module.weight = Parameter(weight.data, mup_type="norm")
-    if isinstance(bias, Tensor):
-        module.bias = Parameter(bias.data, mup_type="bias")
+class _NormBase(KeepsTags):
+    """Tags the affine parameters that torch's constructor creates: the gain
+    ``"norm"``, the bias ``"bias"``.
+
+    Each torch norm's constructor ends by calling ``reset_parameters``, so the
+    tags go on there, once for every norm; parameters already tagged are left as
+    they are.
+    """
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()  # type: ignore[misc]
+        tags: tuple[tuple[str, MupType], ...] = (("weight", "norm"), ("bias", "bias"))
+        for name, mup_type in tags:
+            param = getattr(self, name, None)
+            if isinstance(param, Tensor) and not has_parameter_data(param):
+                retag(param, mup_type, None)
 
 
-class LayerNorm(KeepsTags, nn.LayerNorm):
+class LayerNorm(_NormBase, nn.LayerNorm):
     """Unit-scaled :class:`torch.nn.LayerNorm`: ``y = U.layer_norm(x, ...)``.
 
     The output of a norm is already unit-scaled; only the affine gradients are
@@ -62,7 +71,6 @@ class LayerNorm(KeepsTags, nn.LayerNorm):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype)
-        _tag_affine(self)
 
     def forward(self, input: Tensor) -> Tensor:
         return U.layer_norm(
@@ -70,7 +78,7 @@ class LayerNorm(KeepsTags, nn.LayerNorm):
         )
 
 
-class RMSNorm(KeepsTags, nn.RMSNorm):
+class RMSNorm(_NormBase, nn.RMSNorm):
     """Unit-scaled :class:`torch.nn.RMSNorm`: ``y = U.rms_norm(x, ...)``.
 
     ``elementwise_affine`` defaults to ``False``; when on, the gain is tagged
@@ -92,13 +100,12 @@ class RMSNorm(KeepsTags, nn.RMSNorm):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
-        _tag_affine(self)
 
     def forward(self, input: Tensor) -> Tensor:
         return U.rms_norm(input, self.normalized_shape, self.weight, self.eps)
 
 
-class GroupNorm(KeepsTags, nn.GroupNorm):
+class GroupNorm(_NormBase, nn.GroupNorm):
     """Unit-scaled :class:`torch.nn.GroupNorm`: ``y = U.group_norm(x, ...)``.
 
     Affine by default, as in torch: the per-channel gain is tagged ``"norm"``,
@@ -121,13 +128,12 @@ class GroupNorm(KeepsTags, nn.GroupNorm):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(num_groups, num_channels, eps, affine, device, dtype)
-        _tag_affine(self)
 
     def forward(self, input: Tensor) -> Tensor:
         return U.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
 
 
-class _BatchNorm(KeepsTags, BatchNormBase):
+class _BatchNorm(_NormBase, BatchNormBase):
     """Torch's batch-norm module logic (running statistics, momentum ``None`` as
     a cumulative average, evaluation without running statistics) on
     :func:`~unit_scaling.functional.batch_norm`."""
@@ -145,7 +151,6 @@ class _BatchNorm(KeepsTags, BatchNormBase):
         super().__init__(
             num_features, eps, momentum, affine, track_running_stats, device, dtype
         )
-        _tag_affine(self)
 
     def forward(self, input: Tensor) -> Tensor:
         self._check_input_dim(input)  # type: ignore[no-untyped-call]
@@ -203,7 +208,7 @@ class BatchNorm3d(_BatchNorm, nn.BatchNorm3d):
     """
 
 
-class _InstanceNorm(KeepsTags, InstanceNormBase):
+class _InstanceNorm(_NormBase, InstanceNormBase):
     """Torch's instance-norm module (input checks, unbatched input) calling
     :func:`~unit_scaling.functional.instance_norm`."""
 
@@ -220,7 +225,6 @@ class _InstanceNorm(KeepsTags, InstanceNormBase):
         super().__init__(
             num_features, eps, momentum, affine, track_running_stats, device, dtype
         )
-        _tag_affine(self)
 
     def _apply_instance_norm(self, input: Tensor) -> Tensor:
         return U.instance_norm(

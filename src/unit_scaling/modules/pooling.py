@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
 from .. import functional as U
-from ..constraints import validate_constraint
+from ._base import CallsFunction
 
 __all__ = [
     "AdaptiveAvgPool1d",
@@ -30,38 +30,18 @@ __all__ = [
 ]
 
 
-class _Pool(nn.Module):
-    """The constraint every unit-scaled pooling layer adds, and its ``U`` op."""
-
-    _function: staticmethod[..., Any]
-    constraint: str | None
-    kernel_size: Any
-    stride: Any
-    padding: Any
-    dilation: Any
-    ceil_mode: bool
-    count_include_pad: bool
-    divisor_override: int | None
-    return_indices: bool
-    output_size: Any
-
-    def _set_constraint(self, constraint: str | None) -> None:
-        validate_constraint(constraint)
-        self.constraint = constraint
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, constraint={self.constraint!r}"
-
-
-class AvgPool1d(_Pool, nn.AvgPool1d):
-    """Unit-scaled :class:`torch.nn.AvgPool1d`; see
-    :func:`unit_scaling.functional.avg_pool1d`.
+class AvgPool1d(CallsFunction, nn.AvgPool1d):
+    """Unit-scaled :class:`torch.nn.AvgPool1d`: the average of ``K`` elements
+    times about ``K^½``; see :func:`unit_scaling.functional.avg_pool1d`.
 
     Example::
 
         >>> AvgPool1d(2)(torch.randn(4, 8, 16)).shape
         torch.Size([4, 8, 8])
     """
+
+    _function = staticmethod(U.avg_pool1d)
+    _arguments = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad")
 
     def __init__(
         self,
@@ -72,29 +52,17 @@ class AvgPool1d(_Pool, nn.AvgPool1d):
         count_include_pad: bool = True,
         constraint: str | None = "to_output_scale",
     ) -> None:
-        # torch's AvgPool1d annotates stride without None but accepts it
         super().__init__(
-            kernel_size,
-            stride,  # type: ignore[arg-type]
-            padding,
-            ceil_mode,
-            count_include_pad,
-        )
-        self._set_constraint(constraint)
-
-    def forward(self, input: Tensor) -> Tensor:
-        return U.avg_pool1d(
-            input,
-            self.kernel_size,
-            self.stride,
-            self.padding,
-            self.ceil_mode,
-            self.count_include_pad,
-            constraint=self.constraint,
+            constraint, kernel_size, stride, padding, ceil_mode, count_include_pad
         )
 
 
-class _AvgPool(_Pool):
+class _AvgPool(CallsFunction):
+    """``AvgPool{2,3}d``: torch's constructor (which, unlike ``AvgPool1d``'s,
+    takes ``divisor_override``) plus ``constraint``."""
+
+    _arguments = (*AvgPool1d._arguments, "divisor_override")
+
     def __init__(
         self,
         kernel_size: int | tuple[int, ...],
@@ -106,27 +74,19 @@ class _AvgPool(_Pool):
         constraint: str | None = "to_output_scale",
     ) -> None:
         super().__init__(
-            kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+            constraint,
+            kernel_size,
+            stride,
+            padding,
+            ceil_mode,
+            count_include_pad,
+            divisor_override,
         )
-        self._set_constraint(constraint)
-
-    def forward(self, input: Tensor) -> Tensor:
-        out: Tensor = self._function(
-            input,
-            self.kernel_size,
-            self.stride,
-            self.padding,
-            self.ceil_mode,
-            self.count_include_pad,
-            self.divisor_override,
-            constraint=self.constraint,
-        )
-        return out
 
 
 class AvgPool2d(_AvgPool, nn.AvgPool2d):
-    """Unit-scaled :class:`torch.nn.AvgPool2d`; see
-    :func:`unit_scaling.functional.avg_pool2d`.
+    """Unit-scaled :class:`torch.nn.AvgPool2d`: the average of ``K`` elements
+    times about ``K^½``; see :func:`unit_scaling.functional.avg_pool2d`.
 
     Example::
 
@@ -138,8 +98,8 @@ class AvgPool2d(_AvgPool, nn.AvgPool2d):
 
 
 class AvgPool3d(_AvgPool, nn.AvgPool3d):
-    """Unit-scaled :class:`torch.nn.AvgPool3d`; see
-    :func:`unit_scaling.functional.avg_pool3d`.
+    """Unit-scaled :class:`torch.nn.AvgPool3d`: the average of ``K`` elements
+    times about ``K^½``; see :func:`unit_scaling.functional.avg_pool3d`.
 
     Example::
 
@@ -150,7 +110,12 @@ class AvgPool3d(_AvgPool, nn.AvgPool3d):
     _function = staticmethod(U.avg_pool3d)
 
 
-class _MaxPool(_Pool):
+class _MaxPool(CallsFunction):
+    """``MaxPool{1,2,3}d``: torch's constructor plus ``constraint``."""
+
+    _arguments = ("kernel_size", "stride", "padding", "dilation")
+    _keywords = ("ceil_mode", "return_indices", "constraint")
+
     def __init__(
         self,
         kernel_size: int | tuple[int, ...],
@@ -162,27 +127,19 @@ class _MaxPool(_Pool):
         constraint: str | None = "to_output_scale",
     ) -> None:
         super().__init__(
-            kernel_size, stride, padding, dilation, return_indices, ceil_mode
+            constraint,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            return_indices,
+            ceil_mode,
         )
-        self._set_constraint(constraint)
-
-    def forward(self, input: Tensor) -> Tensor | tuple[Tensor, Tensor]:
-        out: Tensor | tuple[Tensor, Tensor] = self._function(
-            input,
-            self.kernel_size,
-            self.stride,
-            self.padding,
-            self.dilation,
-            ceil_mode=self.ceil_mode,
-            return_indices=self.return_indices,
-            constraint=self.constraint,
-        )
-        return out
 
 
 class MaxPool1d(_MaxPool, nn.MaxPool1d):
-    """Unit-scaled :class:`torch.nn.MaxPool1d`; see
-    :func:`unit_scaling.functional.max_pool1d`.
+    """Unit-scaled :class:`torch.nn.MaxPool1d`: the maximum of ``K`` elements
+    over its expected std; see :func:`unit_scaling.functional.max_pool1d`.
 
     Example::
 
@@ -194,8 +151,8 @@ class MaxPool1d(_MaxPool, nn.MaxPool1d):
 
 
 class MaxPool2d(_MaxPool, nn.MaxPool2d):
-    """Unit-scaled :class:`torch.nn.MaxPool2d`; see
-    :func:`unit_scaling.functional.max_pool2d`.
+    """Unit-scaled :class:`torch.nn.MaxPool2d`: the maximum of ``K`` elements
+    over its expected std; see :func:`unit_scaling.functional.max_pool2d`.
 
     Example::
 
@@ -207,8 +164,8 @@ class MaxPool2d(_MaxPool, nn.MaxPool2d):
 
 
 class MaxPool3d(_MaxPool, nn.MaxPool3d):
-    """Unit-scaled :class:`torch.nn.MaxPool3d`; see
-    :func:`unit_scaling.functional.max_pool3d`.
+    """Unit-scaled :class:`torch.nn.MaxPool3d`: the maximum of ``K`` elements
+    over its expected std; see :func:`unit_scaling.functional.max_pool3d`.
 
     Example::
 
@@ -219,21 +176,21 @@ class MaxPool3d(_MaxPool, nn.MaxPool3d):
     _function = staticmethod(U.max_pool3d)
 
 
-class _AdaptiveAvgPool(_Pool):
+class _AdaptiveAvgPool(CallsFunction):
+    """``AdaptiveAvgPool{1,2,3}d``: torch's constructor plus ``constraint``."""
+
+    _arguments = ("output_size", "constraint")
+    _keywords = ()
+
     def __init__(
         self, output_size: Any, constraint: str | None = "to_output_scale"
     ) -> None:
-        super().__init__(output_size)
-        self._set_constraint(constraint)
-
-    def forward(self, input: Tensor) -> Tensor:
-        out: Tensor = self._function(input, self.output_size, self.constraint)
-        return out
+        super().__init__(constraint, output_size)
 
 
 class AdaptiveAvgPool1d(_AdaptiveAvgPool, nn.AdaptiveAvgPool1d):
-    """Unit-scaled :class:`torch.nn.AdaptiveAvgPool1d`; see
-    :func:`unit_scaling.functional.adaptive_avg_pool1d`.
+    """Unit-scaled :class:`torch.nn.AdaptiveAvgPool1d`: scaled exactly for
+    its adaptive windows, as in :func:`unit_scaling.functional.adaptive_avg_pool1d`.
 
     Example::
 
@@ -245,8 +202,8 @@ class AdaptiveAvgPool1d(_AdaptiveAvgPool, nn.AdaptiveAvgPool1d):
 
 
 class AdaptiveAvgPool2d(_AdaptiveAvgPool, nn.AdaptiveAvgPool2d):
-    """Unit-scaled :class:`torch.nn.AdaptiveAvgPool2d`; see
-    :func:`unit_scaling.functional.adaptive_avg_pool2d`.
+    """Unit-scaled :class:`torch.nn.AdaptiveAvgPool2d`: scaled exactly for
+    its adaptive windows, as in :func:`unit_scaling.functional.adaptive_avg_pool2d`.
 
     Example::
 
@@ -258,8 +215,8 @@ class AdaptiveAvgPool2d(_AdaptiveAvgPool, nn.AdaptiveAvgPool2d):
 
 
 class AdaptiveAvgPool3d(_AdaptiveAvgPool, nn.AdaptiveAvgPool3d):
-    """Unit-scaled :class:`torch.nn.AdaptiveAvgPool3d`; see
-    :func:`unit_scaling.functional.adaptive_avg_pool3d`.
+    """Unit-scaled :class:`torch.nn.AdaptiveAvgPool3d`: scaled exactly for
+    its adaptive windows, as in :func:`unit_scaling.functional.adaptive_avg_pool3d`.
 
     Example::
 
@@ -270,25 +227,24 @@ class AdaptiveAvgPool3d(_AdaptiveAvgPool, nn.AdaptiveAvgPool3d):
     _function = staticmethod(U.adaptive_avg_pool3d)
 
 
-class _AdaptiveMaxPool(_Pool):
+class _AdaptiveMaxPool(CallsFunction):
+    """``AdaptiveMaxPool{1,2,3}d``: torch's constructor plus ``constraint``."""
+
+    _arguments = ("output_size", "return_indices", "constraint")
+    _keywords = ()
+
     def __init__(
         self,
         output_size: Any,
         return_indices: bool = False,
         constraint: str | None = "to_output_scale",
     ) -> None:
-        super().__init__(output_size, return_indices)
-        self._set_constraint(constraint)
-
-    def forward(self, input: Tensor) -> Tensor | tuple[Tensor, Tensor]:
-        out: Tensor | tuple[Tensor, Tensor] = self._function(
-            input, self.output_size, self.return_indices, self.constraint
-        )
-        return out
+        super().__init__(constraint, output_size, return_indices)
 
 
 class AdaptiveMaxPool1d(_AdaptiveMaxPool, nn.AdaptiveMaxPool1d):
-    """Unit-scaled :class:`torch.nn.AdaptiveMaxPool1d`; see
+    """Unit-scaled :class:`torch.nn.AdaptiveMaxPool1d`: the maximum of each
+    adaptive window over its expected std; see
     :func:`unit_scaling.functional.adaptive_max_pool1d`.
 
     Example::
@@ -301,7 +257,8 @@ class AdaptiveMaxPool1d(_AdaptiveMaxPool, nn.AdaptiveMaxPool1d):
 
 
 class AdaptiveMaxPool2d(_AdaptiveMaxPool, nn.AdaptiveMaxPool2d):
-    """Unit-scaled :class:`torch.nn.AdaptiveMaxPool2d`; see
+    """Unit-scaled :class:`torch.nn.AdaptiveMaxPool2d`: the maximum of each
+    adaptive window over its expected std; see
     :func:`unit_scaling.functional.adaptive_max_pool2d`.
 
     Example::
@@ -314,7 +271,8 @@ class AdaptiveMaxPool2d(_AdaptiveMaxPool, nn.AdaptiveMaxPool2d):
 
 
 class AdaptiveMaxPool3d(_AdaptiveMaxPool, nn.AdaptiveMaxPool3d):
-    """Unit-scaled :class:`torch.nn.AdaptiveMaxPool3d`; see
+    """Unit-scaled :class:`torch.nn.AdaptiveMaxPool3d`: the maximum of each
+    adaptive window over its expected std; see
     :func:`unit_scaling.functional.adaptive_max_pool3d`.
 
     Example::

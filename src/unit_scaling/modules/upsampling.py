@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import nn
 
 from .. import functional as U
-from ..constraints import validate_constraint
+from ._base import CallsFunction
 
 __all__ = ["Upsample"]
 
 
-class Upsample(nn.Upsample):
+class Upsample(CallsFunction, nn.Upsample):
     """Unit-scaled :class:`torch.nn.Upsample`: ``y = U.interpolate(x, ...)``.
 
     Takes torch's arguments plus ``constraint``; see
@@ -23,6 +23,15 @@ class Upsample(nn.Upsample):
         torch.Size([4, 8, 32, 32])
     """
 
+    _function = staticmethod(U.interpolate)
+    _arguments = (
+        "size",
+        "scale_factor",
+        "mode",
+        "align_corners",
+        "recompute_scale_factor",
+    )
+
     def __init__(
         self,
         size: int | tuple[int, ...] | None = None,
@@ -32,22 +41,6 @@ class Upsample(nn.Upsample):
         recompute_scale_factor: bool | None = None,
         constraint: str | None = "to_output_scale",
     ) -> None:
-        validate_constraint(constraint)
         super().__init__(
-            size, scale_factor, mode, align_corners, recompute_scale_factor
+            constraint, size, scale_factor, mode, align_corners, recompute_scale_factor
         )
-        self.constraint = constraint
-
-    def forward(self, input: Tensor) -> Tensor:
-        return U.interpolate(
-            input,
-            self.size,
-            self.scale_factor,
-            self.mode,
-            self.align_corners,
-            self.recompute_scale_factor,
-            constraint=self.constraint,
-        )
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, constraint={self.constraint!r}"
