@@ -68,10 +68,15 @@ def _reference_mhsa(x: Tensor, mhsa: uu.MHSA) -> Tensor:
 
 
 def _reference_mlp(x: Tensor, mlp: uu.MLP) -> Tensor:
+    # Natural scales on all three (see uu.MLP): unit weight gradients for any
+    # expansion factor, with the block's input gradient still the true one.
+    up, gate, down = mlp.linear_1, mlp.linear_gate, mlp.linear_2
     z = U.silu_glu(
-        U.linear(x, mlp.linear_1.weight), U.linear(x, mlp.linear_gate.weight), mlp.mult
+        U.linear(x, up.weight, constraint=None),
+        U.linear(x, gate.weight, constraint=None),
+        mlp.mult,
     )
-    return U.linear(z, mlp.linear_2.weight)
+    return U.linear(z, down.weight, constraint=None)
 
 
 # --- MLP and MHSA ------------------------------------------------------------------

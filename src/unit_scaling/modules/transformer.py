@@ -23,6 +23,17 @@ class MLP(nn.Module):
 
     .. math:: y = W_2 \\,\\mathrm{silu\\_glu}(W_1 x, W_{gate} x)
 
+    Its three linears take their natural scales (``constraint=None``): the up
+    projections' backward scale is :math:`(e\\,d)^{-1/2}` against a forward
+    :math:`d^{-1/2}`, the down projection's :math:`d^{-1/2}` against
+    :math:`(e\\,d)^{-1/2}`, so along every path through the block the two
+    mismatches cancel (``sqrt(e) / sqrt(e)``) and the input gradient is still the
+    true gradient, while the output, the inner activations and every weight
+    gradient are unit-scaled for any expansion factor ``e``. (Constraining each
+    linear to its output scale, as a lone ``uu.Linear`` is, would leave the up
+    projections' weight gradients at ``e^(-1/2)``.) The input gradient sums the
+    value and gate paths: RMS ``sqrt(2)``.
+
     Args:
         hidden_size: model width.
         expansion_factor: inner width is ``expansion_factor * hidden_size``.
@@ -40,9 +51,9 @@ class MLP(nn.Module):
         super().__init__()
         check_sizes("MLP", hidden_size=hidden_size, expansion_factor=expansion_factor)
         intermediate_size = expansion_factor * hidden_size
-        self.linear_1 = Linear(hidden_size, intermediate_size)
-        self.linear_gate = Linear(hidden_size, intermediate_size)
-        self.linear_2 = Linear(intermediate_size, hidden_size)
+        self.linear_1 = Linear(hidden_size, intermediate_size, constraint=None)
+        self.linear_gate = Linear(hidden_size, intermediate_size, constraint=None)
+        self.linear_2 = Linear(intermediate_size, hidden_size, constraint=None)
         self.mult = mult
 
     def forward(self, input: Tensor) -> Tensor:

@@ -7,6 +7,8 @@ import re
 from collections import Counter
 from typing import Any, Literal
 
+from ._tags import TagRecord
+
 __all__ = ["OpRecord", "ParameterRecord", "UnitScaleReport"]
 
 How = Literal["analytic", "residual", "calibrated", "unit already", "left as is"]
@@ -69,6 +71,18 @@ class UnitScaleReport:
 
     ops: list[OpRecord] = dataclasses.field(default_factory=list)
     parameters: list[ParameterRecord] = dataclasses.field(default_factory=list)
+    # The u-μP tags of every parameter, by name (each name of a tied parameter).
+    tags: dict[str, TagRecord] = dataclasses.field(default_factory=dict)
+
+    @property
+    def generic_tags(self) -> list[TagRecord]:
+        """Parameters tagged by rank alone: neither a layer nor the graph showed
+        their u-μP type."""
+        return [
+            t
+            for name, t in self.tags.items()
+            if t.source == "generic" and t.name == name
+        ]
 
     @property
     def left_as_is(self) -> list[OpRecord]:

@@ -19,6 +19,7 @@ from torch.fx import Graph, GraphModule, Node
 from .. import functional as U
 from .._fx_names import module_path
 from .._torch_internals import pytree
+from ..core.functional import transformer_residual_scaling_rule
 from ..scale import scale_bwd
 from ._consistency import scale_broadcast_gradients, unconstrain_consistently
 from ._dynamo import functorch_sections, is_functorch_internal
@@ -75,6 +76,7 @@ from ._rules import (
     rule_for,
     set_argument,
 )
+from ._tags import TagRecord, tag_from_graph, tag_structure
 from ._targets import calibrated_scale, sum_branches
 from ._values import GraphValues, Kind, graph_values
 
@@ -87,6 +89,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=nn.Module)
+# u-μP types whose learning rates follow one rule (bias and norm gains share one).
+_LR_GROUP = {"weight": "weight", "output": "output", "bias": "vector", "norm": "vector"}
 
 # Our own graph targets, which the other stages leave alone.
 _OURS = frozenset({*UNIT_SCALED_FUNCTIONS, scale_bwd, calibrated_scale, sum_branches})
@@ -462,19 +466,29 @@ class _UnitScalingPass(CapturePass):
     def __init__(
         self,
         replace: dict[Callable[..., Any], Any],
+        residual_scaling: Callable[[int, int], float] | None = None,
         initialised: set[str] | None = None,
         grad_scales: dict[str, float] | None = None,
+        tags: dict[str, TagRecord] | None = None,
     ) -> None:
         self.replace = replace
+        self.residual_scaling = residual_scaling
         self.found: set[Any] = set()
         self.initialised: set[str] = set(initialised or ())
         # Calibrated parameter-gradient scales, by parameter name: measured at the
         # first capture that uses a parameter and reused by later ones.
         self.grad_scales: dict[str, float] = dict(grad_scales or {})
-        self.report = UnitScaleReport()
+        # u-μP tags by parameter name (every alias of a tied parameter).
+        self.report = UnitScaleReport(tags=dict(tags or {}))
 
     def fresh(self) -> _UnitScalingPass:
-        return _UnitScalingPass(self.replace, self.initialised, self.grad_scales)
+        return _UnitScalingPass(
+            self.replace,
+            self.residual_scaling,
+            self.initialised,
+            self.grad_scales,
+            self.report.tags,
+        )
 
     def _calibrate_gradients(
         self,
@@ -575,8 +589,15 @@ class _UnitScalingPass(CapturePass):
             for node, p in params.items()
         }
         roles = graph_roles(graph, values, readable)
+        retagged = []
         for node, role in roles.items():
             aliases = names.get(id(params[node]), [readable[node]])
+            record = self.report.tags.get(aliases[0])
+            if record is not None:
+                new = tag_from_graph(params[node], record, role)
+                if _LR_GROUP[new.mup_type] != _LR_GROUP[record.mup_type]:
+                    retagged.append(f"{new.name} ({new.mup_type})")
+                self.report.tags.update(dict.fromkeys(aliases, new))
             if any(a in self.initialised for a in aliases):
                 done = "initialised before"
             else:
@@ -590,6 +611,14 @@ class _UnitScalingPass(CapturePass):
                         done,
                     )
             self.report.parameters.append(ParameterRecord(readable[node], role, done))
+        if retagged:
+            logger.warning(
+                "unit_scale: the first call showed the u-μP type of %d parameters "
+                "no layer declares: %s. An optimizer built before this call gave "
+                "them the learning rate of their generic type; build it again",
+                len(retagged),
+                ", ".join(retagged),
+            )
         return readable
 
     def _freeze_functorch_sections(
@@ -627,7 +656,14 @@ class _UnitScalingPass(CapturePass):
         for rule, node in rewrite_patterns(graph, values):
             _record(report, node, "analytic", f"recognised: {rule}")
         _replace_with_unit_scaled(graph, values, report)
-        for residual in find_residuals(graph, values):
+        residuals = find_residuals(graph, values)
+        if self.residual_scaling is not None:
+            tau = self.residual_scaling
+            residuals = [
+                dataclasses.replace(r, tau=tau(i, len(residuals)))
+                for i, r in enumerate(residuals)
+            ]
+        for residual in residuals:
             rewrite_residual(graph, residual, values)
             _record(report, residual.root, "residual", f"tau={residual.tau}")
         _unit_scale_adds(graph, values, report)
@@ -660,7 +696,12 @@ class _UnitScalingPass(CapturePass):
         return gm
 
 
-def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) -> M:
+def unit_scale(
+    module: M,
+    replace: dict[Callable[..., Any], Any] | None = None,
+    *,
+    residual_scaling: str | Callable[[int, int], float] = "fixed",
+) -> M:
     """Return a unit-scaled copy of ``module``.
 
     Traces ``module`` with TorchDynamo (recursing into submodules and functional
@@ -675,7 +716,8 @@ def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) 
     #. **Residual adds**: found by dependency analysis, including parallel
        branches and projection shortcuts, and replaced by ``U.residual_split`` /
        ``U.residual_add`` (``tau = 0.01`` if a branch contains attention, else
-       ``0.5``). Other adds of two independent activations become ``U.add``.
+       ``0.5``; or u-μP's depth-dependent rule, see ``residual_scaling``). Other
+       adds of two independent activations become ``U.add``.
     #. **Parameters** whose role only the graph shows (expert weights used
        through ``F.linear``, layer-scale gains, position tables) are initialised
        for unit scale, once, at the first capture.
@@ -689,9 +731,19 @@ def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) 
 
     ``Linear``, ``Embedding``, convolution and ``MultiheadAttention`` weights are
     rescaled to unit standard deviation and their biases zeroed when
-    ``unit_scale`` is called. Known library constructs are first rewritten into the
-    torch functions they compute (Hugging Face's ``Conv1D``, tanh GELU and RMSNorm
-    classes), validated numerically.
+    ``unit_scale`` is called.
+
+    Every parameter of the result carries **u-μP tags** (``mup_type``,
+    ``mup_scaling_depth``), so ``uu.optim`` optimizers take its parameters as
+    they take a native ``uu`` model's: from the layer that owns it (weights,
+    biases, norm gains, embeddings, the readout after the repeated blocks; a
+    depth for parameters inside them), else from its use in the graph at the
+    first call, else by rank (matrix: weight, vector: bias), listed in
+    ``unit_scale_report().tags`` (see ``unit_scaling.transforms._tags``).
+
+    Known library constructs are first rewritten into the torch functions they
+    compute (Hugging Face's ``Conv1D``, tanh GELU and RMSNorm classes), validated
+    numerically.
 
     What was done to every op and parameter is in ``model.unit_scale_report()``
     (a :class:`UnitScaleReport`); one WARNING names the ops left as they are.
@@ -705,6 +757,12 @@ def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) 
         replace: functions to substitute, ``{original: replacement}``. A key may
             also be an ``nn.Module`` subclass, whose instances then call the
             replacement (with the module's forward arguments) instead.
+        residual_scaling: the weight ``tau`` of each residual branch: ``"fixed"``
+            (the default: 0.01 for attention branches, else 0.5), ``"u-μP"``
+            (:func:`unit_scaling.transformer_residual_scaling_rule`'s
+            depth-dependent weights) or a rule ``tau(index, branches)`` as
+            :class:`unit_scaling.TransformerStack` takes. Branches are counted in
+            each captured graph, in order.
 
     Example::
 
@@ -715,6 +773,7 @@ def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) 
     replace = dict(replace or {})
     if not isinstance(module, nn.Module):
         raise TypeError(f"unit_scale expects an nn.Module, got {type(module).__name__}")
+    rule = _residual_rule(residual_scaling)
     for key, value in replace.items():
         if not callable(key) or not callable(value):
             raise TypeError(
@@ -743,7 +802,7 @@ def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) 
     transform = Transform(
         name="unit_scale",
         place=Place.REWRITE,
-        graph_pass=_UnitScalingPass(function_replacements),
+        graph_pass=_UnitScalingPass(function_replacements, rule),
         non_recurse=(
             *UNIT_SCALED_FUNCTIONS,
             *function_replacements,
@@ -768,12 +827,32 @@ def unit_scale(module: M, replace: dict[Callable[..., Any], Any] | None = None) 
         )
     done = unit_init_layers(result)
     own_pass = state.pass_of(_UnitScalingPass)
+    records = tag_structure(result)
+    for name, p in result.named_parameters(remove_duplicate=False):
+        own_pass.report.tags[name] = records[id(p)]
     own_pass.initialised.update(
         name
         for name, p in result.named_parameters(remove_duplicate=False)
         if id(p) in done
     )
     return result
+
+
+def _residual_rule(
+    residual_scaling: str | Callable[[int, int], float],
+) -> Callable[[int, int], float] | None:
+    """The ``tau(index, branches)`` rule of ``residual_scaling``; ``None`` for
+    the fixed weights."""
+    if callable(residual_scaling):
+        return residual_scaling
+    if residual_scaling == "fixed":
+        return None
+    if residual_scaling in ("u-μP", "u-muP"):
+        return transformer_residual_scaling_rule()
+    raise ValueError(
+        "unit_scale: residual_scaling must be 'fixed', 'u-μP' or a function "
+        f"tau(index, branches), got {residual_scaling!r}"
+    )
 
 
 # How far from unit RMS the gradient arriving at the model's output may be

@@ -1,0 +1,200 @@
+"""u-μP tags for every parameter of a unit-scaled model.
+
+:mod:`unit_scaling.optim` gives each parameter its learning rate from two tags,
+``mup_type`` and ``mup_scaling_depth`` (see :mod:`unit_scaling.parameter`).
+``unit_scale`` puts them on every parameter of the module it returns, so that
+``uu.optim.AdamW(unit_scale(model).parameters(), lr=...)`` works as it does for a
+native ``uu`` model:
+
+* **from the layer** (when ``unit_scale`` is called): the weight of a linear,
+  convolution, embedding or attention layer is a ``"weight"``, its bias a
+  ``"bias"``; a normalisation's weight a ``"norm"``, its bias a ``"bias"``.
+* **the readout**: the weight of the last linear layer registered after the
+  model's repeated blocks (``lm_head``, a classifier) is ``"output"``, unless it
+  is tied to an embedding table, which keeps ``"weight"`` (reported).
+* **from the graph** (at the first call), for a parameter no layer owns: used as
+  the weight of a product or as a table, ``"weight"``; as a bias, ``"bias"``;
+  multiplying activations (a layer scale) or normalising, ``"norm"``.
+* **generic**, for a parameter neither shows (``A_log`` of a state-space model,
+  used through ``exp``): a matrix is a ``"weight"``, a vector a ``"bias"``. Such
+  parameters are listed in the report.
+
+**Depth.** Parameters inside the model's repeated blocks — the outermost
+``nn.ModuleList`` or ``nn.Sequential`` of at least two children of one class —
+get ``mup_scaling_depth`` = the number of blocks, as
+:class:`unit_scaling.DepthModuleList` does; the rest (embeddings, final norm,
+readout) none.
+
+A parameter that already carries tags (a native ``uu`` module) keeps them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Literal
+
+from torch import Tensor, nn
+
+from .._torch_internals import BatchNormBase, ConvNdBase, InstanceNormBase
+from ..parameter import MupType, has_parameter_data, retag
+
+__all__ = ["TagRecord", "depths", "tag_from_graph", "tag_structure"]
+
+Source = Literal["model", "layer", "readout", "graph", "generic"]
+
+_WEIGHTED_LAYERS = (
+    nn.Linear,
+    nn.Bilinear,
+    nn.Embedding,
+    nn.EmbeddingBag,
+    nn.MultiheadAttention,
+    ConvNdBase,
+)
+_NORM_LAYERS = (
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.RMSNorm,
+    BatchNormBase,
+    InstanceNormBase,
+)
+_TIED = "readout tied to an embedding table"
+# A parameter's role in the graph (see transforms._params) -> its u-μP type.
+_ROLE_TYPES: dict[str, MupType] = {
+    "weight": "weight",
+    "table": "weight",
+    "bias": "bias",
+    "norm bias": "bias",
+    "norm": "norm",
+    "gain": "norm",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TagRecord:
+    """The u-μP tags ``unit_scale`` gave a parameter, and from what: ``"model"``
+    (it had them), ``"layer"``, ``"readout"``, ``"graph"`` or ``"generic"``
+    (see :mod:`unit_scaling.transforms._tags`)."""
+
+    name: str
+    mup_type: MupType
+    mup_scaling_depth: int | None
+    source: Source
+    detail: str = ""
+
+
+def _repeated(module: nn.Module) -> bool:
+    children = list(module.children())
+    return (
+        isinstance(module, (nn.ModuleList, nn.Sequential))
+        and len(children) >= 2
+        and len({type(c) for c in children}) == 1
+        and any(True for _ in module.parameters())
+    )
+
+
+def _blocks(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, int]]:
+    """``(path, count)`` of each outermost list of repeated blocks."""
+    for name, child in module.named_children():
+        path = f"{prefix}{name}"
+        if _repeated(child):
+            yield path, len(list(child.children()))
+        else:
+            yield from _blocks(child, f"{path}.")
+
+
+def depths(module: nn.Module) -> dict[str, int]:
+    """``mup_scaling_depth`` of each parameter name inside repeated blocks."""
+    found: dict[str, int] = {}
+    for path, count in _blocks(module):
+        block = module.get_submodule(path)
+        for name, _ in block.named_parameters(remove_duplicate=False):
+            found[f"{path}.{name}"] = count
+    return found
+
+
+def _generic(param: Tensor) -> MupType:
+    return "weight" if param.dim() >= 2 else "bias"
+
+
+def _readout(module: nn.Module) -> str | None:
+    """The module path of the readout: the last linear layer registered after
+    the last list of repeated blocks (or anywhere, if there is none)."""
+    blocks = [path for path, _ in _blocks(module)]
+    after = not blocks
+    readout = None
+    for path, sub in module.named_modules():
+        if blocks and path == blocks[-1]:
+            after = True
+        inside = any(path == b or path.startswith(f"{b}.") for b in blocks)
+        if after and not inside and isinstance(sub, nn.Linear):
+            readout = path
+    return readout
+
+
+def tag_structure(module: nn.Module) -> dict[int, TagRecord]:
+    """Tag every parameter of ``module`` in place from the layer that owns it
+    (or generically); returns the record of each, by ``id`` of the parameter."""
+    depth = depths(module)
+    readout = _readout(module)
+    embeddings = {
+        id(sub.weight)
+        for sub in module.modules()
+        if isinstance(sub, (nn.Embedding, nn.EmbeddingBag))
+    }
+    records: dict[int, TagRecord] = {}
+    for path, sub in module.named_modules():
+        for attr, param in sub.named_parameters(prefix="", recurse=False):
+            name = f"{path}.{attr}" if path else attr
+            if id(param) in records:  # tied: the first owner decides the type
+                if path == readout and attr == "weight":
+                    records[id(param)] = dataclasses.replace(
+                        records[id(param)], detail=_TIED
+                    )
+                continue
+            records[id(param)] = _tag_one(
+                param, name, sub, attr, depth.get(name), path == readout, embeddings
+            )
+    return records
+
+
+def _tag_one(
+    param: Tensor,
+    name: str,
+    owner: nn.Module,
+    attr: str,
+    depth: int | None,
+    is_readout: bool,
+    embeddings: set[int],
+) -> TagRecord:
+    if has_parameter_data(param):
+        tags = (param.mup_type, param.mup_scaling_depth)
+        return TagRecord(name, tags[0], tags[1], "model")
+    mup_type: MupType
+    source: Source = "layer"
+    detail = ""
+    if is_readout and attr == "weight":
+        if id(param) in embeddings:
+            mup_type, detail = "weight", _TIED
+        else:
+            mup_type, source, depth = "output", "readout", None
+    elif isinstance(owner, _WEIGHTED_LAYERS):
+        mup_type = "bias" if "bias" in attr else "weight"
+    elif isinstance(owner, _NORM_LAYERS):
+        mup_type = "bias" if attr == "bias" else "norm"
+    else:
+        mup_type, source = _generic(param), "generic"
+    retag(param, mup_type, depth)
+    return TagRecord(name, mup_type, depth, source, detail)
+
+
+def tag_from_graph(param: Tensor, record: TagRecord, role: str) -> TagRecord:
+    """Retag a generically tagged ``param`` from its ``role`` in a captured graph
+    (in place); returns its new record, or ``record`` if nothing changed."""
+    mup_type = _ROLE_TYPES.get(role)
+    if record.source != "generic" or mup_type is None:
+        return record
+    retag(param, mup_type, record.mup_scaling_depth)
+    return dataclasses.replace(
+        record, mup_type=mup_type, source="graph", detail=f"used as a {role}"
+    )

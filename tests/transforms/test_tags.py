@@ -1,0 +1,187 @@
+"""unit_scale tags every parameter for u-μP (transforms/_tags.py), and can weight
+residual branches by u-μP's depth-dependent rule."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import unit_scaling as uu
+from unit_scaling import zoo
+from unit_scaling.parameter import has_parameter_data
+from unit_scaling.transforms import unit_scale
+
+
+def _zoo_params() -> list[object]:
+    params = []
+    for name in zoo.names():
+        missing = zoo.get(name).requires if not zoo.get(name).available() else ()
+        marks = [pytest.mark.skip(reason=f"needs {missing}")] if missing else []
+        params.append(pytest.param(name, id=name, marks=marks))
+    return params
+
+
+def _untagged(module: nn.Module) -> list[str]:
+    return [n for n, p in module.named_parameters() if not has_parameter_data(p)]
+
+
+@pytest.mark.parametrize("name", _zoo_params())
+def test_every_zoo_parameter_is_tagged_and_the_input_is_not(name: str) -> None:
+    original = zoo.get(name).make(0)
+    scaled = unit_scale(original)
+    assert _untagged(scaled) == []
+    tags = scaled.unit_scale_report().tags
+    assert set(tags) == {n for n, _ in scaled.named_parameters(remove_duplicate=False)}
+    assert all(type(p) is nn.Parameter for p in original.parameters())
+    assert not any(hasattr(p, "mup_type") for p in original.parameters())
+    uu.optim.AdamW(scaled.parameters(), lr=1e-3)  # raises on an untagged one
+
+
+class Stack(nn.Module):
+    """A pre-norm decoder of plain torch layers, with parameters only the graph
+    explains (an expert-style weight, a layer scale) and one never used."""
+
+    def __init__(self, width: int = 32, layers: int = 3, vocab: int = 50) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width))
+            for _ in range(layers)
+        )
+        self.expert = nn.Parameter(torch.randn(width, width))
+        self.gain = nn.Parameter(torch.full((width,), 0.1))
+        self.unused = nn.Parameter(torch.zeros(3))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = x + block(x)
+        x = x + self.gain * F.linear(x, self.expert)
+        return self.head(self.norm(x))
+
+
+def _tags(module: nn.Module) -> dict[str, tuple[str, int | None]]:
+    return {
+        name: (p.mup_type, p.mup_scaling_depth)  # type: ignore[attr-defined]
+        for name, p in module.named_parameters()
+    }
+
+
+def test_types_and_depths_from_layers_then_the_graph() -> None:
+    scaled = unit_scale(Stack())
+    tags = _tags(scaled)
+    assert tags["embed.weight"] == ("weight", None)
+    assert tags["blocks.0.0.weight"] == ("norm", 3)
+    assert tags["blocks.2.1.weight"] == ("weight", 3)
+    assert tags["blocks.1.1.bias"] == ("bias", 3)
+    assert tags["norm.bias"] == ("bias", None)
+    assert tags["head.weight"] == ("output", None)
+    # No layer owns these: generic by rank until the graph shows their use.
+    assert tags["expert"] == ("weight", None) and tags["gain"] == ("bias", None)
+    scaled(torch.randint(50, (2, 8)))
+    tags = _tags(scaled)
+    assert tags["expert"] == ("weight", None)
+    assert tags["gain"] == ("norm", None)
+    report = scaled.unit_scale_report()
+    assert report.tags["gain"].source == "graph"
+    assert [t.name for t in report.generic_tags] == ["unused"]
+
+
+def test_a_type_the_graph_changes_is_warned(caplog: pytest.LogCaptureFixture) -> None:
+    class Concat(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.token = nn.Parameter(torch.randn(16))  # a vector, used as a table
+            self.proj = nn.Linear(16, 16)
+
+        def forward(self, x: Tensor) -> Tensor:
+            token = self.token.expand(x.shape[0], 1, 16)
+            return self.proj(torch.cat([token, x], dim=1))
+
+    scaled = unit_scale(Concat())
+    assert scaled.token.mup_type == "bias"
+    with caplog.at_level(logging.WARNING, logger="unit_scaling"):
+        scaled(torch.randn(2, 4, 16))
+    assert scaled.token.mup_type == "weight"
+    assert "token (weight)" in caplog.text and "build it again" in caplog.text
+
+
+def test_tied_readout_keeps_the_embedding_type() -> None:
+    model = Stack()
+    model.head.weight = model.embed.weight
+    scaled = unit_scale(model)
+    assert scaled.head.weight is scaled.embed.weight
+    assert scaled.embed.weight.mup_type == "weight"
+    record = scaled.unit_scale_report().tags["head.weight"]
+    assert record.detail == "readout tied to an embedding table"
+
+
+def test_tags_of_a_native_model_are_kept() -> None:
+    native = uu.TransformerDecoder(32, 64, layers=2, heads=2)
+    scaled = unit_scale(native)
+    assert _tags(scaled) == _tags(native)
+    assert {t.source for t in scaled.unit_scale_report().tags.values()} == {"model"}
+
+
+def test_tags_survive_copies_and_come_from_the_model_not_the_weights() -> None:
+    ids = torch.randint(50, (2, 8))
+    scaled = unit_scale(Stack())
+    scaled(ids)
+    expected = _tags(scaled)
+    assert _tags(copy.deepcopy(scaled)) == expected
+    again = unit_scale(Stack())
+    again.load_state_dict(scaled.state_dict())
+    again(ids)
+    assert _tags(again) == expected
+
+
+def test_u_mup_optimizer_trains_a_transformed_model() -> None:
+    torch.manual_seed(0)
+    scaled = unit_scale(Stack(), residual_scaling="u-μP")
+    opt = uu.optim.AdamW(scaled.parameters(), lr=2**-4)
+    ids = torch.randint(50, (8, 16))
+    losses = []
+    for _ in range(30):
+        logits = scaled(ids[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+    lrs = {g["params"][0].mup_type: g["lr"] for g in opt.param_groups}
+    assert lrs["output"] == pytest.approx(2**-4)
+
+
+def _taus(scaled: nn.Module) -> list[float]:
+    return [
+        float(r.detail.removeprefix("tau="))
+        for r in scaled.unit_scale_report().ops
+        if r.how == "residual"
+    ]
+
+
+def test_residual_weights_follow_the_chosen_rule() -> None:
+    ids = torch.randint(50, (2, 8))
+    fixed = unit_scale(Stack())
+    fixed(ids)
+    assert _taus(fixed) == [0.5] * 4
+    mup = unit_scale(Stack(), residual_scaling="u-μP")
+    mup(ids)
+    rule = uu.transformer_residual_scaling_rule()
+    assert _taus(mup) == pytest.approx([rule(i, 4) for i in range(4)])
+    custom = unit_scale(Stack(), residual_scaling=lambda i, n: 0.1 * (i + 1))
+    custom(ids)
+    assert _taus(custom) == pytest.approx([0.1, 0.2, 0.3, 0.4])
+
+
+def test_unknown_residual_rule() -> None:
+    with pytest.raises(ValueError, match="residual_scaling must be 'fixed', 'u-μP'"):
+        unit_scale(Stack(), residual_scaling="mup")
