@@ -33,15 +33,21 @@ INPLACE_GIVEN_A_NUMBER: list[tuple[str, Callable[[torch.Tensor], Any]]] = [
 ]
 
 
+def _type_error_leaves_input_alone(
+    call: Callable[[torch.Tensor], Any], match: str
+) -> None:
+    x = randn(4, 8, seed=0)
+    before = x.clone()
+    with pytest.raises(TypeError, match=match):
+        call(x)
+    torch.testing.assert_close(x, before, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(("op", "call"), INPLACE_GIVEN_A_NUMBER)
 def test_a_number_for_inplace_is_a_type_error_and_leaves_input_alone(
     op: str, call: Callable[[torch.Tensor], Any]
 ) -> None:
-    x = randn(4, 8, seed=0)
-    before = x.clone()
-    with pytest.raises(TypeError, match=rf"U\.{op}: inplace must be a bool, got 2\.0"):
-        call(x)
-    torch.testing.assert_close(x, before, rtol=0, atol=0)
+    _type_error_leaves_input_alone(call, rf"U\.{op}: inplace must be a bool, got 2\.0")
 
 
 def test_silu_with_a_positional_temperature_says_how_to_pass_it() -> None:
@@ -99,8 +105,4 @@ def test_keyword_temperature_still_works() -> None:
 def test_modules_given_a_positional_temperature_fail_at_the_first_call(
     module: torch.nn.Module, op: str
 ) -> None:
-    x = randn(4, 8, seed=0)
-    before = x.clone()
-    with pytest.raises(TypeError, match=rf"U\.{op}: .*U\.{op}\(x, mult=2\.0\)"):
-        module(x)
-    torch.testing.assert_close(x, before, rtol=0, atol=0)
+    _type_error_leaves_input_alone(module, rf"U\.{op}: .*U\.{op}\(x, mult=2\.0\)")
