@@ -89,3 +89,27 @@ def test_fp8_finding_on_default_settings(
     assert final["u-μP FP8"] < 1.02 * final["u-μP FP32"]
     assert final["SP FP8"] > 1.2 * final["SP FP32"]
     assert final["SP FP8 + loss scale 2^12"] < 1.03 * final["SP FP32"]
+
+
+def test_hf_transfer_quick_run_resumes_from_its_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("transformers")
+    experiment = _load("hf_transfer", monkeypatch)
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # it imports lr_transfer too
+    cache = tmp_path / "runs.json"
+    argv = ["--quick", "--families", "llama", "--jobs", "1"]
+    argv += ["--out", str(tmp_path), "--cache", str(cache)]
+    losses = experiment.main(argv)
+    assert set(losses["llama"]["u-μP"][64]) == {-2, -1}
+    assert all(
+        math.isfinite(v)
+        for p in losses["llama"].values()
+        for w in p.values()
+        for v in w.values()
+    )
+    assert (tmp_path / "hf_transfer.png").stat().st_size > 0
+    assert "grid step" in (tmp_path / "hf_transfer.md").read_text()
+    # A second call finds every run in the cache and trains nothing.
+    monkeypatch.setattr(experiment, "train_one", lambda args: pytest.fail("ran"))
+    assert experiment.main(argv) == losses
