@@ -64,7 +64,13 @@ class Config:
     val_batches: int = 8
     seed: int = 0
     quick: bool = setting(False, "a smoke run: widths 32 and 64, 2 lrs, 5 steps")
-    cache: Path = setting(Path("out/hf_transfer/runs.json"), "finished runs")
+    cache: Path = setting(
+        Path(__file__).resolve().parents[1]
+        / "docs"
+        / "results"
+        / "hf_transfer_runs.json",
+        "finished runs (committed, so a sweep resumes across sessions)",
+    )
 
     def __post_init__(self) -> None:
         if self.quick:
@@ -262,8 +268,8 @@ def main(argv: list[str] | None = None) -> Losses:
     )
     tasks = [
         Task(f, p, w, x)
+        for f in config.families  # one family complete before the next
         for w in sorted(config.widths, reverse=True)  # longest runs first
-        for f in config.families
         for p in PARAMETRISATIONS
         for x in config.log2_lrs(p)
         if Task(f, p, w, x).key not in done
