@@ -33,6 +33,11 @@ SHORTFALL: dict[str, tuple[float, str]] = {
         "at the second shapes (past the sliding window) layer 0's "
         "query and key gradients fall to 0.04",
     ),
+    "gptj": (
+        0.78,
+        "since transformers 5.24 (5.23 reached 0.9): the query and key gradients "
+        "of its partial rotary embedding at 0.40-0.49",
+    ),
     "phi": (
         0.80,
         "query and key gradients at 0.44-0.49 (partial rotary, "
