@@ -64,6 +64,7 @@ class Config:
     val_batches: int = 8
     seed: int = 0
     quick: bool = setting(False, "a smoke run: widths 32 and 64, 2 lrs, 5 steps")
+    report_only: bool = setting(False, "write the page from the cache, train nothing")
     cache: Path = setting(
         Path(__file__).resolve().parents[1]
         / "docs"
@@ -246,10 +247,15 @@ def report(config: Config, losses: Losses, seconds: float, jobs: int) -> str:
                 f"### {family}, {parametrisation}\n\n{table}\n\n{verdict}\n"
             )
     settings = "\n".join(f"- {k}: {v}" for k, v in asdict(config).items())
+    timing = (
+        f"the runs read from `{config.cache.name}` (each saved as it finished)"
+        if config.report_only
+        else f"this call: {timing_note(seconds, jobs)}"
+    )
     return reflow(f"""# Learning-rate transfer of `unit_scale`d Hugging Face decoders
 
 Written by `python experiments/hf_transfer.py` (see its docstring). Each cell is
-the validation loss after {config.steps} steps; {timing_note(seconds, jobs)}.
+the validation loss after {config.steps} steps; {timing}.
 
 ![hf transfer](hf_transfer.png)
 
@@ -272,7 +278,7 @@ def main(argv: list[str] | None = None) -> Losses:
         for w in sorted(config.widths, reverse=True)  # longest runs first
         for p in PARAMETRISATIONS
         for x in config.log2_lrs(p)
-        if Task(f, p, w, x).key not in done
+        if Task(f, p, w, x).key not in done and not config.report_only
     ]
     start = time.perf_counter()
 
