@@ -204,6 +204,14 @@ def plot(config: Config, losses: Losses, path: Path) -> None:
                 ax.plot(xs, [row[x] for x in xs], "o-", color=colour, label=f"{width}")
                 best, _ = optimum(row)
                 ax.plot(best, row[best], "*", color=colour, markersize=15, mec="k")
+            finite = [
+                v
+                for row in losses[family][parametrisation].values()
+                for v in row.values()
+                if math.isfinite(v)
+            ]
+            if finite:  # diverged runs off the top: the optimum's basin stays legible
+                ax.set_ylim(min(finite) - 0.05, min(max(finite), min(finite) + 1.5))
             ax.set_title(f"{family}: {parametrisation}")
             ax.set_xlabel("log2 learning rate")
             ax.grid(alpha=0.3)
