@@ -37,6 +37,7 @@ from _common import (
     train,
     validation_set,
 )
+from lr_transfer import Config as TransferConfig
 from lr_transfer import optimum, shift
 from torch import Tensor, nn
 
@@ -51,18 +52,12 @@ HEAD_SIZE = 32
 
 
 @dataclass(frozen=True)
-class Config:
-    families: tuple[str, ...] = ("llama", "gpt2")
-    widths: tuple[int, ...] = (64, 128, 256, 512)
-    sp_lrs: tuple[int, ...] = setting(tuple(range(-12, -5)), "log2 of SP's lrs")
+class Config(TransferConfig):
+    """``lr_transfer.py``'s settings (data, steps, schedule, grids), plus which
+    Hugging Face families to run and where finished runs are kept."""
+
     umup_lrs: tuple[int, ...] = setting(tuple(range(-4, 3)), "log2 of u-μP's lrs")
-    layers: int = 2
-    batch_size: int = 16
-    seq_len: int = 64
-    steps: int = 200
-    warmup: int = 20
-    val_batches: int = 8
-    seed: int = 0
+    families: tuple[str, ...] = ("llama", "gpt2")
     quick: bool = setting(False, "a smoke run: widths 32 and 64, 2 lrs, 5 steps")
     report_only: bool = setting(False, "write the page from the cache, train nothing")
     cache: Path = setting(
@@ -74,6 +69,7 @@ class Config:
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.quick:
             for name, value in (
                 ("widths", (32, 64)),
@@ -84,9 +80,6 @@ class Config:
                 ("val_batches", 1),
             ):
                 object.__setattr__(self, name, value)
-
-    def log2_lrs(self, parametrisation: str) -> tuple[int, ...]:
-        return self.umup_lrs if parametrisation == "u-μP" else self.sp_lrs
 
 
 class LanguageModel(nn.Module):
