@@ -113,6 +113,12 @@ def test_a_type_the_graph_changes_is_warned(caplog: pytest.LogCaptureFixture) ->
     assert "token (weight)" in caplog.text and "build it again" in caplog.text
 
 
+def test_a_sequential_of_blocks_at_the_root_gives_their_depth() -> None:
+    root = nn.Sequential(*(nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(4)))
+    scaled = unit_scale(root)
+    assert _tags(scaled)["2.0.weight"] == ("weight", 4)
+
+
 def test_tied_readout_keeps_the_embedding_type() -> None:
     model = Stack()
     model.head.weight = model.embed.weight

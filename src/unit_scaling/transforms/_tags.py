@@ -93,23 +93,30 @@ def _repeated(module: nn.Module) -> bool:
     )
 
 
-def _blocks(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, int]]:
-    """``(path, count)`` of each outermost list of repeated blocks."""
+def _nested_blocks(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, int]]:
     for name, child in module.named_children():
         path = f"{prefix}{name}"
         if _repeated(child):
             yield path, len(list(child.children()))
         else:
-            yield from _blocks(child, f"{path}.")
+            yield from _nested_blocks(child, f"{path}.")
 
 
-def depths(module: nn.Module) -> dict[str, int]:
+def _blocks(module: nn.Module) -> list[tuple[str, int]]:
+    """``(path, count)`` of each outermost list of repeated blocks (the path
+    ``""`` when ``module`` itself is one, an ``nn.Sequential`` of layers)."""
+    if _repeated(module):
+        return [("", len(list(module.children())))]
+    return list(_nested_blocks(module))
+
+
+def depths(module: nn.Module, blocks: list[tuple[str, int]]) -> dict[str, int]:
     """``mup_scaling_depth`` of each parameter name inside repeated blocks."""
     found: dict[str, int] = {}
-    for path, count in _blocks(module):
+    for path, count in blocks:
         block = module.get_submodule(path)
         for name, _ in block.named_parameters(remove_duplicate=False):
-            found[f"{path}.{name}"] = count
+            found[f"{path}.{name}" if path else name] = count
     return found
 
 
@@ -117,16 +124,15 @@ def _generic(param: Tensor) -> MupType:
     return "weight" if param.dim() >= 2 else "bias"
 
 
-def _readout(module: nn.Module) -> str | None:
+def _readout(module: nn.Module, blocks: list[str]) -> str | None:
     """The module path of the readout: the last linear layer registered after
-    the last list of repeated blocks (or anywhere, if there is none)."""
-    blocks = [path for path, _ in _blocks(module)]
+    the last list of repeated ``blocks`` (or anywhere, if there is none)."""
     after = not blocks
     readout = None
     for path, sub in module.named_modules():
         if blocks and path == blocks[-1]:
             after = True
-        inside = any(path == b or path.startswith(f"{b}.") for b in blocks)
+        inside = any(path == b or path.startswith(f"{b}.") or not b for b in blocks)
         if after and not inside and isinstance(sub, nn.Linear):
             readout = path
     return readout
@@ -135,8 +141,9 @@ def _readout(module: nn.Module) -> str | None:
 def tag_structure(module: nn.Module) -> dict[int, TagRecord]:
     """Tag every parameter of ``module`` in place from the layer that owns it
     (or generically); returns the record of each, by ``id`` of the parameter."""
-    depth = depths(module)
-    readout = _readout(module)
+    blocks = _blocks(module)
+    depth = depths(module, blocks)
+    readout = _readout(module, [path for path, _ in blocks])
     embeddings = {
         id(sub.weight)
         for sub in module.modules()
