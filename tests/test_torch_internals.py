@@ -89,3 +89,22 @@ def test_cpp_python_bindings_has_load_pybinding() -> None:
 
 def test_grad_bucket_is_the_public_class() -> None:
     assert internals.GradBucket is torch.distributed.GradBucket
+
+
+def test_fsdp_state_exposes_each_parameter_pair() -> None:
+    # FSDPModule._get_fsdp_state()._fsdp_param_group.fsdp_params, each with
+    # sharded_param and _unsharded_param (the whole path is exercised with real
+    # process groups in tests/parallel/test_transformed.py).
+    import inspect
+
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_state
+
+    assert callable(FSDPModule._get_fsdp_state)
+    assert isinstance(
+        inspect.getattr_static(_fsdp_state.FSDPState, "_fsdp_param_group"), property
+    )
+    source = inspect.getsource(_fsdp_param.FSDPParam)
+    assert "self.sharded_param = " in source
+    assert "self._unsharded_param = " in source
+    assert internals.fsdp_unsharded_parameters(nn.Linear(2, 2)) == {}

@@ -28,6 +28,7 @@ __all__ = [
     "OpOverloadPacket",
     "any_autocast_enabled",
     "cpp_python_bindings",
+    "fsdp_unsharded_parameters",
     "functorch_transforms_active",
     "is_functorch_wrapped_tensor",
     "mha_packed_projection",
@@ -104,6 +105,22 @@ def cpp_python_bindings() -> Any:
     from torch._inductor.codecache import CppPythonBindingsCodeCache
 
     return CppPythonBindingsCodeCache
+
+
+def fsdp_unsharded_parameters(module: nn.Module) -> dict[int, nn.Parameter]:
+    """FSDP2's stand-ins: ``id(unsharded) -> sharded`` for every parameter that
+    ``fully_shard`` manages in ``module``'s tree and has gathered (while a
+    sharded block runs, its module attributes hold the unsharded parameter,
+    which ``named_parameters()`` of an enclosing module does not list)."""
+    found: dict[int, nn.Parameter] = {}
+    for sub in module.modules():
+        get_state = getattr(sub, "_get_fsdp_state", None)
+        group = get_state()._fsdp_param_group if get_state is not None else None
+        for fsdp_param in group.fsdp_params if group is not None else ():
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            if unsharded is not None:
+                found[id(unsharded)] = fsdp_param.sharded_param
+    return found
 
 
 # ``torch.distributed.GradBucket`` (a DDP communication hook's argument),

@@ -191,6 +191,44 @@ def name_placeholders(gm: GraphModule, self_name: str) -> None:
             node.meta["source_name"] = _readable_name(*steps, self_name)
 
 
+def anchor_module_paths(
+    gm: GraphModule,
+    example_inputs: Sequence[Any],
+    names: dict[int, list[str]],
+    modules: set[str],
+) -> None:
+    """Make the module paths of ``gm``'s nodes (``meta["nn_module_stack"]``)
+    start at the transformed module even when Dynamo captured a frame inside one
+    of its submodules: the forward resumed after a graph break, e.g. at the hooks
+    of a block sharded by FSDP2, where ``self`` is that block. The block's path
+    (one of ``modules``) is read off its parameters: the name ``names`` gives
+    each (by ``id``) ends with the name its placeholder reads from the frame."""
+    prefixes: dict[str, set[str]] = {}
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    for node, value in zip(placeholders, example_inputs, strict=False):
+        arg = node.meta.get("grapharg")
+        steps = _source_steps(arg.source) if arg is not None else None
+        relative = node.meta.get("source_name")
+        if steps is None or not relative or id(value) not in names:
+            continue
+        for full in names[id(value)]:
+            if full == relative or full.endswith("." + relative):
+                prefixes.setdefault(steps[0], set()).add(full[: -len(relative)])
+    roots = {
+        f"L['{root}']": found.pop().rstrip(".")
+        for root, found in prefixes.items()
+        if len(found) == 1 and next(iter(found)).rstrip(".") in modules - {""}
+    }
+    if not roots:
+        return
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        for key, (path, kind) in list((stack or {}).items()):
+            root = next((r for r in roots if str(path).startswith(r)), None)
+            if root is not None:
+                stack[key] = (f"{root}.{roots[root]}{str(path)[len(root) :]}", kind)
+
+
 def concrete(value: Any) -> Any:
     """A symbolic size Dynamo passes for a dynamic-shape graph, as the concrete
     value it had in this call (its hint); anything else unchanged."""
@@ -216,8 +254,9 @@ UNTRACEABLE = (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError)
 def capturing(non_recurse: Sequence[Callable[..., Any]]) -> Iterator[None]:
     """The settings of every capture: ``non_recurse`` recorded as single calls,
     scales kept as Python numbers in the graph (never 0-d inputs), and room for
-    a compiled frame per layer (see ``_RECOMPILE_LIMIT``), and graph breaks
-    that resume inside the nested call where they happen.
+    a compiled frame per layer (see ``_RECOMPILE_LIMIT``; FSDP2-sharded layers
+    included), and graph breaks that resume inside the nested call where they
+    happen.
 
     Without ``nested_graph_breaks``, a break in a function called from the
     traced frame (a mixture-of-experts layer's data-dependent expert loop, say)
@@ -230,6 +269,9 @@ def capturing(non_recurse: Sequence[Callable[..., Any]]) -> Iterator[None]:
             specialize_float=True,
             recompile_limit=_RECOMPILE_LIMIT,
             nested_graph_breaks=True,
+            # FSDP2-sharded blocks of one class would otherwise share one graph,
+            # but each has its own scales (u-μP's residual weight by depth).
+            skip_fsdp_guards=False,
         ),
     ):
         yield

@@ -27,6 +27,7 @@ import inspect
 import itertools
 import logging
 import types
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias, TypeVar
@@ -35,7 +36,7 @@ import torch
 from torch import Tensor, nn
 from torch.fx import GraphModule
 
-from .._torch_internals import pytree
+from .._torch_internals import fsdp_unsharded_parameters, pytree
 from . import _dynamo
 from ._replay import InputSpec, Replay, input_specs, record, signature_key
 
@@ -82,6 +83,11 @@ class CaptureContext:
     module: nn.Module
     buffers: frozenset[int]
     call_inputs: frozenset[int] = frozenset()
+    # The graphs that already ran in this call, in order (the earlier pieces of
+    # a forward that graph breaks split), each with its outputs; and the names
+    # of the module's parameters by id (FSDP2's gathered stand-ins included).
+    graphs_before: tuple[tuple[GraphModule, tuple[Any, ...]], ...] = ()
+    parameter_names: dict[int, list[str]] = dataclasses.field(default_factory=dict)
 
 
 class StatefulPass:
@@ -191,6 +197,21 @@ class Capture:
     graph_module: GraphModule
     replay_inputs: list[InputSpec] | None
     last_outputs: tuple[Any, ...] | None = None
+    # While a call runs: weak references to this graph's outputs in this call,
+    # for a graph captured later in the same call (see CaptureContext).
+    outputs_in_call: tuple[Any, ...] = ()
+
+
+def parameter_names(module: nn.Module) -> dict[int, list[str]]:
+    """Every name of each of ``module``'s parameters, by ``id``; a parameter
+    FSDP2 has gathered for a sharded block to run goes by its sharded one's."""
+    names: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    for key, sharded in fsdp_unsharded_parameters(module).items():
+        if id(sharded) in names:
+            names[key] = names[id(sharded)]
+    return names
 
 
 @dataclasses.dataclass
@@ -324,6 +345,9 @@ class TransformedForward:
     ) -> Callable[..., Any]:
         state = self._state
         _dynamo.name_placeholders(gm, self._self_name)
+        names = parameter_names(self._module)
+        modules = {name for name, _ in self._module.named_modules()}
+        _dynamo.anchor_module_paths(gm, example_inputs, names, modules)
         replay_inputs = (
             input_specs(self._module, state.current_call, example_inputs)
             if state.current_call is not None
@@ -338,6 +362,11 @@ class TransformedForward:
                 for x in pytree.tree_leaves(state.current_call or ())
                 if isinstance(x, Tensor)
             ),
+            tuple(
+                (c.graph_module, tuple(ref() for ref in c.outputs_in_call))
+                for c in state.graphs_run_in_call
+            ),
+            names,
         )
         gm = _run_passes(state, gm, context)
         capture = Capture(gm, replay_inputs)
@@ -347,6 +376,9 @@ class TransformedForward:
 
         def execute(*args: Any) -> Any:
             out = run(*args)
+            capture.outputs_in_call = tuple(
+                weakref.ref(x) if isinstance(x, Tensor) else _no_ref for x in out
+            )
             state.graphs_run_in_call.append(capture)
             if state.record_outputs:
                 capture.last_outputs = tuple(out)
@@ -375,6 +407,8 @@ class TransformedForward:
         state.record_outputs = key not in state.replays
         state.current_call = (args, kwargs)
         reasons_before = _dynamo.break_reasons()
+        captured_before = len(state.captures)
+        _own_block_forwards(self._module)
         try:
             with _dynamo.capturing(config.non_recurse):
                 output = self._compiled(self._module, *args, **kwargs)
@@ -392,7 +426,7 @@ class TransformedForward:
                 "(see TORCH_LOGS=recompiles)"
             )
             raise _untraceable(self._module, detail)
-        if len(ran) > 1 or reasons:
+        if (len(ran) > 1 or reasons) and len(state.captures) > captured_before:
             _warn_graph_breaks(self._module, len(ran), reasons)
         if key not in state.replays and len(ran) == 1:
             try:
@@ -411,6 +445,7 @@ class TransformedForward:
                 logger.info("cannot prepare replay under torch.compile: %r", error)
         for capture in ran:
             capture.last_outputs = None
+            capture.outputs_in_call = ()
         for transform in config.transforms:
             if state.calls == 1:
                 for first in transform.after_first_call:
@@ -450,6 +485,28 @@ class TransformedForward:
         return replay(self._module, args, kwargs)
 
 
+def _own_block_forwards(module: nn.Module) -> None:
+    """Give each FSDP2-sharded block inside ``module`` a private copy of its
+    forward's code. FSDP2's hooks break the graph at every sharded block, so
+    Dynamo captures each block's forward as a frame of its own, and identical
+    blocks would share one graph, with the scales baked into it for the first
+    block (u-μP residual weights by depth, parameter-gradient scales)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for sub in module.modules():
+        if (
+            sub is not module
+            and isinstance(sub, FSDPModule)
+            and "forward" not in sub.__dict__
+        ):
+            sub.forward = types.MethodType(_dynamo.fresh_forward(sub), sub)
+
+
+def _no_ref() -> None:
+    """The weak reference of an output that is not a tensor."""
+    return None
+
+
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
 
@@ -475,6 +532,13 @@ def _warn_graph_breaks(module: nn.Module, graphs: int, reasons: Counter[str]) ->
         hint = (
             " For a Hugging Face model, set its loss type first (e.g. model.loss_type "
             '= "ForCausalLM") so that forward does not log.'
+        )
+    from torch.distributed.fsdp import FSDPModule
+
+    if any(isinstance(m, FSDPModule) for m in module.modules()):
+        hint += (
+            " FSDP2 (fully_shard) breaks it at every sharded block's hooks, as "
+            "expected: each block's graph is transformed as in the whole model."
         )
     logger.warning(
         "TorchDynamo broke the graph of %s.forward (%d graph(s) ran; %s). Every "

@@ -8,6 +8,7 @@ import inspect
 import logging
 import operator
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -18,7 +19,7 @@ from torch.fx import Graph, GraphModule, Node
 
 from .. import functional as U
 from .._fx_names import module_path
-from .._torch_internals import pytree
+from .._torch_internals import fsdp_unsharded_parameters, pytree
 from ..core.functional import transformer_residual_scaling_rule
 from ..scale import scale_bwd
 from ._consistency import scale_broadcast_gradients, unconstrain_consistently
@@ -58,6 +59,7 @@ from ._params import (
 from ._patterns import rewrite_patterns
 from ._recognise import recognise, recognise_within, replace_region
 from ._regions import (
+    Calibration,
     Region,
     apply_input_gradient_scales,
     apply_output_scales,
@@ -329,16 +331,67 @@ _ELEMENTWISE_ARITHMETIC = frozenset(
 )
 
 
+# A region's calibration in a form another capture of it can take: the RMS of
+# each output, and of each input's gradient by the input's position.
+_Measured = tuple[list[float | None], dict[int, float]]
+
+
+def _calibrate_once(
+    gm: GraphModule,
+    region: Region,
+    values: GraphValues,
+    key: tuple[Any, ...],
+    measured: dict[tuple[Any, ...], _Measured],
+) -> Calibration | str:
+    """``calibrate(region)``, measured at the first capture of the region and
+    taken again by later captures with the same ``key`` (see
+    :func:`_capture_key`): one function whatever the batch, instead of
+    stand-in draws that differ by a few percent from one batch size to another."""
+    inputs = region.inputs
+    known = measured.get(key)
+    if known is not None and len(known[0]) == len(region.outputs):
+        rms, grads = known
+        if all(i < len(inputs) for i in grads):
+            return Calibration(list(rms), {inputs[i]: g for i, g in grads.items()})
+    result = calibrate(gm, region, values, _shapes_output)
+    if isinstance(result, Calibration):
+        position = {node: i for i, node in enumerate(inputs)}
+        measured[key] = (
+            list(result.output_rms),
+            {position[n]: g for n, g in result.input_grad_rms.items() if n in position},
+        )
+    return result
+
+
+def _capture_key(
+    where: str, op: str, nodes: list[Node], values: GraphValues, seen: Counter[Any]
+) -> tuple[Any, ...]:
+    """What identifies a calibrated region across captures: its module, its
+    ops, the shapes of its inputs ``nodes`` beyond the leading (batch) dimension,
+    which data parallelism and evaluation change, and which occurrence of all
+    that in this capture it is. (A region's scales depend on its inputs alone:
+    it is measured on stand-ins with unit output gradients.)"""
+    shapes = tuple(
+        info.shape[1:] if (info := values.tensor(n)) is not None else None
+        for n in nodes
+    )
+    base = (where, op, shapes)
+    seen[base] += 1
+    return (*base, seen[base])
+
+
 def _calibrate_regions(
     gm: GraphModule,
     values: GraphValues,
     report: UnitScaleReport,
     frozen: set[Node],
+    measured: dict[tuple[Any, ...], _Measured],
 ) -> list[Region]:
     """Calibrate every region of ops no rule covers (see ``_regions``). Outputs
     that feed frozen code keep their scale: there, the value itself may matter
-    (a scan's decay factor)."""
+    (a scan's decay factor). ``measured`` holds earlier captures' calibrations."""
     graph = gm.graph
+    seen: Counter[Any] = Counter()
 
     def covered(node: Node) -> bool:
         if node in frozen or node.op != "call_function":
@@ -413,7 +466,8 @@ def _calibrate_regions(
             )
         if not region.nodes or region.rearranges_only:
             continue
-        result = calibrate(gm, region, values, _shapes_output)
+        key = _capture_key(module_path(anchor), op, region.inputs, values, seen)
+        result = _calibrate_once(gm, region, values, key, measured)
         if isinstance(result, str):
             region.skipped = result
             logger.info("leaving ops as is: %s (%s): %s", anchor, op, result)
@@ -470,6 +524,8 @@ class _UnitScalingPass(CapturePass):
         initialised: set[str] | None = None,
         grad_scales: dict[str, float] | None = None,
         tags: dict[str, TagRecord] | None = None,
+        branches: int | None = None,
+        measured: dict[tuple[Any, ...], _Measured] | None = None,
     ) -> None:
         self.replace = replace
         self.residual_scaling = residual_scaling
@@ -480,6 +536,17 @@ class _UnitScalingPass(CapturePass):
         self.grad_scales: dict[str, float] = dict(grad_scales or {})
         # u-μP tags by parameter name (every alias of a tied parameter).
         self.report = UnitScaleReport(tags=dict(tags or {}))
+        # The residual branches of the whole forward, counted over the graphs of
+        # the first call (graph breaks split it); until then, those seen so far.
+        self.branches = branches
+        # Per captured graph (by id): its residual branches, and the positions
+        # of its outputs that are constants (rotary tables, masks), so that a
+        # graph captured after it in the same call keeps them constants.
+        self.residual_counts: dict[int, int] = {}
+        # Region calibrations by what identifies them across captures.
+        self.measured: dict[tuple[Any, ...], _Measured] = dict(measured or {})
+
+        self.constant_outputs: dict[int, frozenset[int]] = {}
 
     def fresh(self) -> _UnitScalingPass:
         return _UnitScalingPass(
@@ -488,7 +555,47 @@ class _UnitScalingPass(CapturePass):
             self.initialised,
             self.grad_scales,
             self.report.tags,
+            self.branches,
+            self.measured,
         )
+
+    def count_branches(self, state: Any) -> None:
+        """After the first call: the residual branches of every graph it ran."""
+        self.branches = sum(
+            self.residual_counts.get(id(c.graph_module), 0)
+            for c in state.graphs_run_in_call
+        )
+
+    def check_shared_graphs(self, state: Any, output: Any) -> None:
+        """After each call: u-μP's residual weights depend on a branch's depth,
+        so a graph with residual branches must not run for several blocks (as
+        TorchDynamo shares one graph between the identical blocks of a model
+        that graph breaks split, e.g. at FSDP2's hooks)."""
+        if self.residual_scaling is None:
+            return
+        runs = Counter(
+            id(c.graph_module)
+            for c in state.graphs_run_in_call
+            if self.residual_counts.get(id(c.graph_module))
+        )
+        if any(n > 1 for n in runs.values()):
+            raise RuntimeError(
+                "unit_scale(residual_scaling=...): TorchDynamo ran one captured "
+                "graph for several blocks of this model (it shares a graph "
+                "between identical blocks when graph breaks, such as FSDP2's "
+                "hooks, split the forward at block boundaries), but the "
+                "depth-dependent residual weights differ from block to block. Use "
+                'residual_scaling="fixed" for a model split like this'
+            )
+
+    def _constants_before(self, context: CaptureContext) -> set[int]:
+        """Ids of the constants that earlier graphs of this call passed on."""
+        found = set()
+        for gm, outputs in context.graphs_before:
+            for i in self.constant_outputs.get(id(gm), ()):
+                if i < len(outputs) and outputs[i] is not None:
+                    found.add(id(outputs[i]))
+        return found
 
     def _calibrate_gradients(
         self,
@@ -575,9 +682,8 @@ class _UnitScalingPass(CapturePass):
     def _initialise_parameters(
         self, graph: Graph, values: GraphValues, context: CaptureContext
     ) -> dict[Node, str]:
-        names: dict[int, list[str]] = {}
-        for name, p in context.module.named_parameters(remove_duplicate=False):
-            names.setdefault(id(p), []).append(name)
+        names = context.parameter_names
+        stand_ins = fsdp_unsharded_parameters(context.module)
         placeholders = list(graph.find_nodes(op="placeholder"))
         params = {
             node: value
@@ -593,13 +699,22 @@ class _UnitScalingPass(CapturePass):
         for node, role in roles.items():
             aliases = names.get(id(params[node]), [readable[node]])
             record = self.report.tags.get(aliases[0])
+            param = stand_ins.get(id(params[node]), params[node])
             if record is not None:
-                new = tag_from_graph(params[node], record, role)
+                new = tag_from_graph(param, record, role)
                 if _LR_GROUP[new.mup_type] != _LR_GROUP[record.mup_type]:
                     retagged.append(f"{new.name} ({new.mup_type})")
                 self.report.tags.update(dict.fromkeys(aliases, new))
             if any(a in self.initialised for a in aliases):
                 done = "initialised before"
+            elif param is not params[node]:
+                raise RuntimeError(
+                    f"unit_scale initialises {aliases[0]} at the model's first call, "
+                    "but FSDP2 (fully_shard) sharded it before that call: what "
+                    "the first call would write lands in a gathered copy and is "
+                    "lost. Call the transformed model once on an example batch, "
+                    "then shard it"
+                )
             else:
                 done = initialise(params[node], role)
                 self.initialised.update(aliases)
@@ -651,16 +766,26 @@ class _UnitScalingPass(CapturePass):
         before = len(report.ops)
         functionalize_inplace(graph)
         _replace_functions(graph, self.replace, self.found)
-        values = graph_values(gm, context.example_inputs, set(context.buffers))
+        values = graph_values(
+            gm,
+            context.example_inputs,
+            set(context.buffers) | self._constants_before(context),
+        )
         frozen = self._freeze_functorch_sections(graph, values)
         for rule, node in rewrite_patterns(graph, values):
             _record(report, node, "analytic", f"recognised: {rule}")
         _replace_with_unit_scaled(graph, values, report)
         residuals = find_residuals(graph, values)
+        self.residual_counts[id(gm)] = len(residuals)
         if self.residual_scaling is not None:
+            # Branch i of this graph is branch ``before + i`` of the forward.
+            before = sum(
+                self.residual_counts.get(id(g), 0) for g, _ in context.graphs_before
+            )
+            total = max(self.branches or 0, before + len(residuals))
             tau = self.residual_scaling
             residuals = [
-                dataclasses.replace(r, tau=tau(i, len(residuals)))
+                dataclasses.replace(r, tau=tau(before + i, total))
                 for i, r in enumerate(residuals)
             ]
         for residual in residuals:
@@ -669,7 +794,7 @@ class _UnitScalingPass(CapturePass):
         _unit_scale_adds(graph, values, report)
         readable = self._initialise_parameters(graph, values, context)
         scale_broadcast_gradients(graph, values)
-        _calibrate_regions(gm, values, report, frozen)
+        _calibrate_regions(gm, values, report, frozen, self.measured)
         placeholders = zip(
             graph.find_nodes(op="placeholder"), context.example_inputs, strict=False
         )
@@ -682,6 +807,7 @@ class _UnitScalingPass(CapturePass):
         _unconstrain_inputs(graph, model_inputs)
         scale_direct_parameter_gradients(graph, values)
         self._calibrate_gradients(gm, values, context, readable)
+        self.constant_outputs[id(gm)] = _constant_outputs(graph, values)
         left = [r for r in report.ops[before:] if r.how == "left as is"]
         if left:
             logger.warning(
@@ -694,6 +820,20 @@ class _UnitScalingPass(CapturePass):
                 report.warning_text(left),
             )
         return gm
+
+
+def _constant_outputs(graph: Graph, values: GraphValues) -> frozenset[int]:
+    """Positions of the graph's outputs that are floating-point constants."""
+    output = next(iter(graph.find_nodes(op="output")))
+    returned = output.args[0] if isinstance(output.args[0], (tuple, list)) else ()
+    return frozenset(
+        i
+        for i, node in enumerate(returned)
+        if isinstance(node, Node)
+        and values.kind(node) is Kind.CONST
+        and (info := values.tensor(node)) is not None
+        and info.is_float
+    )
 
 
 def unit_scale(
@@ -809,9 +949,15 @@ def unit_scale(
             *opaque_library_functions(module),
             *opaque_rewrite_functions(),
         ),
-        after_first_call=(check_replacements,),
+        after_first_call=(
+            check_replacements,
+            lambda state: state.pass_of(_UnitScalingPass).count_branches(state),
+        ),
         after_call=(
             functools.partial(_watch_output_gradient, name=type(module).__name__),
+            lambda state, output: state.pass_of(_UnitScalingPass).check_shared_graphs(
+                state, output
+            ),
         ),
         attributes=(("unit_scale_report", _ReportOf),),
     )
