@@ -8,6 +8,7 @@ settings small enough for seconds, writing into a temporary folder.
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -100,7 +101,8 @@ def test_hf_transfer_quick_run_resumes_from_its_cache(
     cache = tmp_path / "runs.json"
     argv = ["--quick", "--families", "llama", "--jobs", "1"]
     argv += ["--out", str(tmp_path), "--cache", str(cache)]
-    losses = experiment.main(argv)
+    results = experiment.main(argv)
+    losses = results.fp32
     assert set(losses["llama"]["u-μP"][64]) == {-2, -1}
     assert all(
         math.isfinite(v)
@@ -108,8 +110,23 @@ def test_hf_transfer_quick_run_resumes_from_its_cache(
         for w in p.values()
         for v in w.values()
     )
+    # Then one FP8 run per width and parametrisation, at the FP32 optimum.
+    assert {p: set(w) for p, w in results.fp8["llama"].items()} == {
+        "SP": {32, 64},
+        "u-μP": {32, 64},
+    }
+    assert all(
+        math.isfinite(v) for w in results.fp8["llama"].values() for v in w.values()
+    )
+    keys = json.loads(cache.read_text())
+    assert sum(k.endswith("/fp8") for k in keys) == 4 and len(keys) == 12
     assert (tmp_path / "hf_transfer.png").stat().st_size > 0
-    assert "grid step" in (tmp_path / "hf_transfer.md").read_text()
+    page = (tmp_path / "hf_transfer.md").read_text()
+    assert "grid step" in page
+    assert "## Simulated FP8" in page and "| llama | u-μP | 64 | 2^" in page
+    assert "**llama: target" in page
+    # lr_transfer.py's page was run at other widths and steps: no comparison.
+    assert "Not compared" in page
     # A second call finds every run in the cache and trains nothing.
     monkeypatch.setattr(experiment, "train_one", lambda args: pytest.fail("ran"))
-    assert experiment.main(argv) == losses
+    assert experiment.main(argv) == results
