@@ -108,3 +108,13 @@ def test_fsdp_state_exposes_each_parameter_pair() -> None:
     assert "self.sharded_param = " in source
     assert "self._unsharded_param = " in source
     assert internals.fsdp_unsharded_parameters(nn.Linear(2, 2)) == {}
+
+
+def test_scaled_mm_is_the_fp8_gemm() -> None:
+    a = torch.randn(16, 32).to(torch.float8_e4m3fn)
+    b = torch.randn(16, 32).to(torch.float8_e4m3fn)
+    two, one = torch.tensor(2.0), torch.tensor(1.0)
+    out = internals.scaled_mm(
+        a, b.t(), scale_a=two, scale_b=one, out_dtype=torch.float32
+    )
+    torch.testing.assert_close(out, 2 * a.float() @ b.float().t())

@@ -33,6 +33,7 @@ __all__ = [
     "is_functorch_wrapped_tensor",
     "mha_packed_projection",
     "pytree",
+    "scaled_mm",
     "size_1_t",
     "size_2_t",
     "size_3_t",
@@ -121,6 +122,11 @@ def fsdp_unsharded_parameters(module: nn.Module) -> dict[int, nn.Parameter]:
             if unsharded is not None:
                 found[id(unsharded)] = fsdp_param.sharded_param
     return found
+
+
+# The scaled FP8 GEMM ``scale_a * scale_b * (a @ b)`` of FP8 operands (``a``
+# row-major, ``b`` column-major); torch has no public name for it yet.
+scaled_mm: Callable[..., Tensor] = torch._scaled_mm
 
 
 # ``torch.distributed.GradBucket`` (a DDP communication hook's argument),

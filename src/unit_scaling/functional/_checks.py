@@ -15,6 +15,7 @@ __all__ = [
     "check_conv_shapes",
     "check_dim",
     "check_flag",
+    "check_linear_args",
     "check_mult",
     "expand_size",
     "reject_unsupported",
@@ -165,3 +166,21 @@ def check_dim(op: str, dim: int, input: Tensor, name: str = "dim") -> int:
             f"{tuple(input.shape)} (expected a dimension in [{-rank}, {rank - 1}])"
         )
     return dim % rank
+
+
+def check_linear_args(
+    op: str, input: Tensor, weight: Tensor, bias: Tensor | None
+) -> None:
+    """Raise ``ValueError`` unless ``input (..., in)``, ``weight (out, in)`` and
+    ``bias (out,)`` fit a linear layer; ``op`` names the caller in the message."""
+    if input.dim() == 0 or weight.dim() != 2 or input.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"{op}: expected input of shape (..., in_features) and weight of "
+            f"shape (out_features, in_features), got input {tuple(input.shape)} "
+            f"and weight {tuple(weight.shape)}"
+        )
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(
+            f"{op}: expected bias of shape ({weight.shape[0]},), got "
+            f"{tuple(bias.shape)}"
+        )

@@ -21,7 +21,7 @@ from .._autograd import Function
 from .._torch_internals import any_autocast_enabled, unsafe_view
 from ..constraints import apply_constraint
 from ..scale import scale_bwd, scale_fwd
-from ._checks import autocast_inputs, validate_constraint
+from ._checks import autocast_inputs, check_linear_args, validate_constraint
 from ._scaling import scaled_affine
 
 __all__ = ["bmm", "einsum", "linear", "linear_readout", "matmul"]
@@ -144,22 +144,6 @@ class _ScaledBmmFn(Function):
         return grad_left, grad_right, None, None, None
 
 
-def _check_linear_args(
-    op: str, input: Tensor, weight: Tensor, bias: Tensor | None
-) -> None:
-    if input.dim() == 0 or weight.dim() != 2 or input.shape[-1] != weight.shape[1]:
-        raise ValueError(
-            f"U.{op}: expected input of shape (..., in_features) and weight of "
-            f"shape (out_features, in_features), got input {tuple(input.shape)} "
-            f"and weight {tuple(weight.shape)}"
-        )
-    if bias is not None and bias.shape != (weight.shape[0],):
-        raise ValueError(
-            f"U.{op}: expected bias of shape ({weight.shape[0]},), got "
-            f"{tuple(bias.shape)}"
-        )
-
-
 def linear(
     input: Tensor,
     weight: Tensor,
@@ -197,7 +181,7 @@ def linear(
         or input.shape[-1] != weight.shape[1]
         or (bias is not None and bias.shape != weight.shape[:1])
     ):
-        _check_linear_args("linear", input, weight, bias)
+        check_linear_args("U.linear", input, weight, bias)
     if type(scale_power) is not tuple:
         scale_power = tuple(scale_power)  # type: ignore[assignment]
     shape = (weight.shape[0], weight.shape[1], input.numel())

@@ -575,6 +575,24 @@ def apply_transform(module: M, transform: Transform) -> M:
     return copied
 
 
+def extend_in_place(module: nn.Module, transform: Transform) -> None:
+    """Add ``transform`` to the chain of the transformed ``module`` itself (for
+    module conversions such as ``convert_to_float8_training``, which work in
+    place): its graphs are captured again at the next call, and the passes keep
+    their state (``unit_scale`` does not initialise its parameters again).
+
+    Raises:
+        ValueError: if ``module`` is not transformed.
+    """
+    previous = transform_state(module)
+    if previous is None:
+        raise ValueError(f"{type(module).__name__} is not a transformed module")
+    state = RunState.start(previous.config.then(transform), previous)
+    object.__setattr__(module, _STATE_ATTR, state)
+    object.__setattr__(module, "forward", TransformedForward(module, state))
+    _bind_attributes(module, state)
+
+
 def _bind_attributes(module: nn.Module, state: RunState) -> None:
     for t in state.config.transforms:
         for name, factory in t.attributes:

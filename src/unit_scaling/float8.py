@@ -1,0 +1,556 @@
+"""Real FP8 training with static unit scales: ``convert_to_float8_training``.
+
+A unit-scaled linear layer's operands already sit near unit scale, so its three
+matrix products can run in FP8 through ``torch._scaled_mm`` with **no per-tensor
+scale bookkeeping**: a saturating cast of each operand, then one scaled GEMM
+whose dequantisation scale is the op's own static scale (``alpha`` forward,
+``beta_x`` and ``beta_W`` backward). No amax reduction, no extra pass over a
+tensor, no host synchronisation — unlike dynamic ("current") scaling, which
+reduces every operand to its absolute maximum before each GEMM.
+
+The GEMMs, for ``y = alpha (x Wᵀ + b)``:
+
+* forward: ``E4M3(x) @ E4M3(W)ᵀ`` with scale ``alpha``;
+* input gradient: ``E5M2(g) @ E4M3(W)`` with scale ``beta_x``;
+* weight gradient: ``E5M2(g)ᵀ @ E4M3(x)`` with scale ``beta_W``
+  (E5M2 × E5M2 is not a cuBLAS FP8 GEMM).
+
+Casts saturate (to ±448 for E4M3, ±57344 for E5M2), as the simulation in
+:func:`unit_scaling.transforms.simulate_fp8` does, so a real FP8 layer computes
+what the simulated one computes, up to the order of accumulation.
+
+Example::
+
+    >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
+    >>> model = convert_to_float8_training(model)
+    >>> type(model.layers[0].mlp.linear_1).__name__
+    'Float8Linear'
+    >>> model.loss(torch.randint(256, (2, 33))).shape
+    torch.Size([])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.fx import GraphModule
+
+from . import functional as U
+from ._fx_names import module_path
+from ._torch_internals import scaled_mm
+from .constraints import apply_constraint
+from .functional._checks import check_linear_args, validate_constraint
+from .modules import Linear, LinearReadout
+from .transforms._engine import Place, Transform, extend_in_place, transform_state
+from .transforms._graph import example_value
+from .transforms._rules import UNIT_SCALED_FUNCTIONS
+
+__all__ = [
+    "Float8Config",
+    "Float8Linear",
+    "Float8LinearReadout",
+    "convert_to_float8_training",
+    "linear",
+    "linear_readout",
+]
+
+logger = logging.getLogger(__name__)
+M = TypeVar("M", bound=nn.Module)
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+# cuBLAS's FP8 GEMMs take dimensions that are multiples of 16.
+_MULTIPLE = 16
+_READOUT_POWER = (1.0, 0.5, 0.5)
+
+
+@dataclasses.dataclass(frozen=True)
+class Float8Config:
+    """How :func:`convert_to_float8_training` runs the linear layers in FP8.
+
+    Args:
+        forward_dtype: format of the forward operands (``x`` and ``W``).
+        gradient_dtype: format of the output gradient.
+        output: run the forward GEMM in FP8.
+        grad_input: run the input-gradient GEMM in FP8.
+        grad_weight: run the weight-gradient GEMM in FP8.
+        output_dtype: dtype of the layer's output (and of the input gradient);
+            ``None``: the input's, or autocast's where autocast is on.
+        save_fp8_inputs: save FP8 copies of ``x`` and ``W`` for the backward
+            pass (a quarter of the float32 activation memory, half of bf16's);
+            a backward GEMM kept in high precision then sees the FP8 values.
+        unsupported_shapes: what to do with a layer whose ``in_features`` or
+            ``out_features`` is not a multiple of 16 (what cuBLAS takes):
+            ``"keep"`` it in high precision, or ``"pad"`` its operands with zeros.
+
+    Example::
+
+        >>> Float8Config(grad_weight=False).grad_weight
+        False
+    """
+
+    forward_dtype: torch.dtype = torch.float8_e4m3fn
+    gradient_dtype: torch.dtype = torch.float8_e5m2
+    output: bool = True
+    grad_input: bool = True
+    grad_weight: bool = True
+    output_dtype: torch.dtype | None = None
+    save_fp8_inputs: bool = False
+    unsupported_shapes: Literal["keep", "pad"] = "keep"
+
+    def __post_init__(self) -> None:
+        for name in ("forward_dtype", "gradient_dtype"):
+            value = getattr(self, name)
+            if value not in _FP8:
+                raise ValueError(
+                    f"Float8Config: {name} must be torch.float8_e4m3fn or "
+                    f"torch.float8_e5m2, got {value!r}"
+                )
+        if (
+            self.forward_dtype == self.gradient_dtype == torch.float8_e5m2
+            and self.grad_weight
+        ):
+            raise ValueError(
+                "Float8Config: the weight-gradient GEMM would be E5M2 x E5M2, which "
+                "cuBLAS does not run; use forward_dtype=torch.float8_e4m3fn or "
+                "grad_weight=False"
+            )
+        if self.output_dtype is not None and not (
+            isinstance(self.output_dtype, torch.dtype)
+            and self.output_dtype.is_floating_point
+            and self.output_dtype not in _FP8
+        ):
+            raise ValueError(
+                "Float8Config: output_dtype must be None or a floating-point "
+                "dtype wider than FP8 (float32, bfloat16, float16), got "
+                f"{self.output_dtype!r}"
+            )
+        if self.unsupported_shapes not in ("keep", "pad"):
+            raise ValueError(
+                'Float8Config: unsupported_shapes must be "keep" or "pad", got '
+                f"{self.unsupported_shapes!r}"
+            )
+        for name in ("output", "grad_input", "grad_weight", "save_fp8_inputs"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"Float8Config: {name} must be a bool")
+
+
+def fits(in_features: int, out_features: int) -> bool:
+    """Whether cuBLAS's FP8 GEMMs take a layer of these sizes as they are."""
+    return in_features % _MULTIPLE == 0 and out_features % _MULTIPLE == 0
+
+
+# --------------------------------------------------------------------------- #
+# The GEMMs.
+# --------------------------------------------------------------------------- #
+
+
+def _cast(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """Round ``x`` to the FP8 ``dtype``, saturating at its largest value."""
+    limit = torch.finfo(dtype).max
+    return x.clamp(-limit, limit).to(dtype)
+
+
+def _pad(x: Tensor, dim: int) -> Tensor:
+    """``x`` with zeros appended along ``dim`` up to a multiple of 16 (for FP8
+    tensors through their bytes: a zero byte is +0.0)."""
+    short = -x.shape[dim] % _MULTIPLE
+    if short == 0:
+        return x
+    widths = [0, 0] * (x.dim() - 1 - dim % x.dim()) + [0, short]
+    if x.dtype in _FP8:
+        return F.pad(x.view(torch.uint8), widths).view(x.dtype)
+    return F.pad(x, widths)
+
+
+_SCALES: dict[tuple[float, torch.device], Tensor] = {}
+
+
+def _scale(value: float, device: torch.device) -> Tensor:
+    """``value`` as the float32 scalar tensor ``_scaled_mm`` takes, made once per
+    value and device (a fresh one on a GPU would be a host-to-device copy)."""
+    if torch.compiler.is_compiling():
+        return torch.full((), value, dtype=torch.float32, device=device)
+    key = (value, device)
+    found = _SCALES.get(key)
+    if found is None:
+        found = _SCALES[key] = torch.full((), value, dtype=torch.float32, device=device)
+    return found
+
+
+def _gemm(a: Tensor, b: Tensor, scale: float, out_dtype: torch.dtype) -> Tensor:
+    """``scale * (a @ b)`` for FP8 ``a`` (row-major) and ``b`` (column-major)."""
+    one = _scale(1.0, a.device)
+    out: Tensor = scaled_mm(
+        a, b, scale_a=_scale(scale, a.device), scale_b=one, out_dtype=out_dtype
+    )
+    return out
+
+
+def _column_major(x: Tensor) -> Tensor:
+    """``x`` with the same values, laid out column-major."""
+    return x.t().contiguous().t()
+
+
+class _Float8LinearFn(torch.autograd.Function):
+    """``y = a (x Wᵀ + b)``; ``∂x = c ∂y W``; ``∂W = d ∂yᵀ x``; ``∂b = d Σ ∂y``,
+    each GEMM in FP8 where ``config`` says so."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        input: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        scales: tuple[float, float, float],
+        config: Float8Config,
+        out_dtype: torch.dtype,
+    ) -> Tensor:
+        alpha = scales[0]
+        x = input.reshape(-1, input.shape[-1])
+        pad = config.unsupported_shapes == "pad"
+        xq = wq = None
+        if config.output or config.save_fp8_inputs:
+            xq = _cast(x, config.forward_dtype)
+            wq = _cast(weight, config.forward_dtype)
+        if config.output:
+            assert xq is not None and wq is not None
+            a, b = (_pad(xq, 1), _pad(_pad(wq, 1), 0)) if pad else (xq, wq)
+            y = _gemm(a, b.t(), alpha, out_dtype)[:, : weight.shape[0]]
+        else:
+            y = torch.mm(x.to(out_dtype), weight.to(out_dtype).t()).mul_(alpha)
+        if bias is not None:
+            y = y + (alpha * bias).to(out_dtype)
+        if config.save_fp8_inputs:
+            ctx.save_for_backward(xq, wq)
+        else:
+            ctx.save_for_backward(x, weight)
+        ctx.scales, ctx.config = scales, config
+        ctx.shapes = (input.shape, input.dtype, weight.dtype, bias is not None)
+        return y.reshape(*input.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        _, beta_x, beta_w = ctx.scales
+        config: Float8Config = ctx.config
+        input_shape, input_dtype, weight_dtype, has_bias = ctx.shapes
+        pad = config.unsupported_shapes == "pad"
+        g = grad_output.reshape(-1, grad_output.shape[-1])
+        needs_input, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        gq = None
+        if (needs_input and config.grad_input) or (needs_weight and config.grad_weight):
+            gq = _cast(g, config.gradient_dtype)
+        grad_input = grad_weight = grad_bias = None
+        if needs_input:
+            if config.grad_input:
+                assert gq is not None
+                wq = _fp8(weight, config.forward_dtype)
+                a, b = (_pad(gq, 1), _pad(_pad(wq, 0), 1)) if pad else (gq, wq)
+                grad_input = _gemm(a, _column_major(b), beta_x, input_dtype)
+                grad_input = grad_input[:, : input_shape[-1]]
+            else:
+                w = weight.to(g.dtype)
+                grad_input = torch.mm(g, w).mul_(beta_x).to(input_dtype)
+            grad_input = grad_input.reshape(input_shape)
+        if needs_weight:
+            if config.grad_weight:
+                assert gq is not None
+                xq = _fp8(x, config.forward_dtype)
+                # The GEMM's inner dimension is the tokens': padded too.
+                a, b = _pad(gq, 0).t(), _pad(xq, 0)
+                if pad:
+                    a, b = _pad(a, 0), _pad(b, 1)
+                grad_weight = _gemm(
+                    a.contiguous(), _column_major(b), beta_w, weight_dtype
+                )
+                grad_weight = grad_weight[: g.shape[1], : x.shape[1]]
+            else:
+                grad_weight = torch.mm(g.t(), x.to(g.dtype)).mul_(beta_w)
+                grad_weight = grad_weight.to(weight_dtype)
+        if has_bias and needs_bias:
+            grad_bias = g.sum(0).mul_(beta_w)
+        return grad_input, grad_weight, grad_bias, None, None, None
+
+
+def _fp8(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x`` in ``dtype`` (cast unless it was saved in FP8 already)."""
+    return x if x.dtype in _FP8 else _cast(x, dtype)
+
+
+# --------------------------------------------------------------------------- #
+# The functional layer.
+# --------------------------------------------------------------------------- #
+
+
+def _output_dtype(input: Tensor, config: Float8Config) -> torch.dtype:
+    if config.output_dtype is not None:
+        return config.output_dtype
+    device = input.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return input.dtype
+
+
+def linear(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    constraint: str | None = "to_output_scale",
+    scale_power: tuple[float, float, float] = (0.5, 0.5, 0.5),
+    *,
+    config: Float8Config | None = None,
+) -> Tensor:
+    """:func:`unit_scaling.functional.linear` with its GEMMs in FP8.
+
+    The same function and scales (``alpha = fan_in^-p0``, ``beta_x =
+    fan_out^-p1``, ``beta_W = batch^-p2``, tied by ``constraint``), each scale
+    passed to ``torch._scaled_mm`` as its dequantisation scale. A layer whose
+    sizes are not multiples of 16 follows ``config.unsupported_shapes``.
+
+    Example::
+
+        >>> from unit_scaling import float8
+        >>> y = float8.linear(torch.randn(64, 256), torch.randn(512, 256))
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    config = config if config is not None else Float8Config()
+    if not isinstance(config, Float8Config):
+        raise TypeError(f"float8.linear: config must be a Float8Config, got {config!r}")
+    if (
+        weight.dim() != 2
+        or input.dim() == 0
+        or input.shape[-1] != weight.shape[1]
+        or (bias is not None and bias.shape != weight.shape[:1])
+    ):
+        check_linear_args("float8.linear", input, weight, bias)
+    validate_constraint(constraint)
+    fan_out, fan_in = weight.shape
+    fits_here = fits(fan_in, fan_out)
+    if input.numel() == 0 or (not fits_here and config.unsupported_shapes == "keep"):
+        return U.linear(input, weight, bias, constraint, scale_power)
+    alpha, beta_x = apply_constraint(
+        constraint, fan_in ** -scale_power[0], fan_out ** -scale_power[1]
+    )
+    beta_w = max(input.numel() // max(fan_in, 1), 1) ** -scale_power[2]
+    out: Tensor = _Float8LinearFn.apply(  # type: ignore[no-untyped-call]
+        input,
+        weight,
+        bias,
+        (alpha, beta_x, beta_w),
+        config,
+        _output_dtype(input, config),
+    )
+    return out
+
+
+def linear_readout(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    constraint: str | None = None,
+    *,
+    config: Float8Config | None = None,
+) -> Tensor:
+    """:func:`unit_scaling.functional.linear_readout` with its GEMMs in FP8.
+
+    Example::
+
+        >>> from unit_scaling import float8
+        >>> float8.linear_readout(torch.randn(8, 64), torch.randn(256, 64)).shape
+        torch.Size([8, 256])
+    """
+    return linear(input, weight, bias, constraint, _READOUT_POWER, config=config)
+
+
+# --------------------------------------------------------------------------- #
+# Modules and the conversion.
+# --------------------------------------------------------------------------- #
+
+
+class _Float8Layer(nn.Module):
+    """The forward of a converted layer: its function's FP8 version."""
+
+    float8_config: Float8Config
+    constraint: str | None
+    _power: tuple[float, float, float] = (0.5, 0.5, 0.5)
+
+    def forward(self, input: Tensor) -> Tensor:
+        weight, bias = self.weight, self.bias
+        assert isinstance(weight, Tensor) and (bias is None or isinstance(bias, Tensor))
+        return linear(
+            input, weight, bias, self.constraint, self._power, config=self.float8_config
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, float8"
+
+
+class Float8Linear(_Float8Layer, Linear):
+    """A :class:`unit_scaling.Linear` whose GEMMs run in FP8 (made by
+    :func:`convert_to_float8_training`; ``float8_config`` says how).
+
+    Example::
+
+        >>> layer = convert_to_float8_training(nn.Sequential(uu.Linear(64, 32)))[0]
+        >>> layer.float8_config.forward_dtype
+        torch.float8_e4m3fn
+    """
+
+
+class Float8LinearReadout(_Float8Layer, LinearReadout):
+    """A :class:`unit_scaling.LinearReadout` whose GEMMs run in FP8.
+
+    Example::
+
+        >>> head = convert_to_float8_training(nn.Sequential(uu.LinearReadout(64, 256)))
+        >>> type(head[0]).__name__
+        'Float8LinearReadout'
+    """
+
+    _power = _READOUT_POWER
+
+
+Filter = Callable[[nn.Module, str], bool]
+
+
+def _warn_kept(kept: list[str]) -> None:
+    if kept:
+        logger.warning(
+            "convert_to_float8_training: %d layer(s) have sizes that are not "
+            "multiples of 16 and stay in high precision: %s (pass "
+            'Float8Config(unsupported_shapes="pad") to pad them instead)',
+            len(kept),
+            ", ".join(kept),
+        )
+
+
+def _bound(fn: Callable[..., Tensor], config: Float8Config) -> Callable[..., Tensor]:
+    """``fn`` with ``config`` bound, as a graph target (a graph's code prints
+    its arguments, and a config is not a literal)."""
+
+    def run(*args: Any, **kwargs: Any) -> Tensor:
+        return fn(*args, **kwargs, config=config)
+
+    run.__name__ = run.__qualname__ = f"float8_{fn.__name__}"
+    return run
+
+
+def _float8_pass(config: Float8Config, keep: Filter | None, root: nn.Module) -> Any:
+    """Retarget the captured graph's ``U.linear`` and ``U.linear_readout`` calls
+    to their FP8 versions (those ``keep`` accepts, by their module)."""
+    targets: dict[Callable[..., Tensor], Callable[..., Tensor]] = {
+        U.linear: _bound(linear, config),
+        U.linear_readout: _bound(linear_readout, config),
+    }
+
+    def run(gm: GraphModule) -> GraphModule:
+        kept: list[str] = []
+        for node in gm.graph.nodes:
+            if node.op != "call_function" or node.target not in targets:
+                continue
+            path = module_path(node)
+            if keep is not None:
+                try:
+                    owner = root.get_submodule(path)
+                except AttributeError:
+                    owner = root
+                if not keep(owner, path):
+                    continue
+            node.target = targets[node.target]
+            weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
+            shape = getattr(example_value(weight), "shape", None)
+            keeps = config.unsupported_shapes == "keep"
+            if shape is not None and keeps and not fits(shape[1], shape[0]):
+                kept.append(f"{path or node.name} ({shape[1]} -> {shape[0]})")
+        _warn_kept(kept)
+        return gm
+
+    return run
+
+
+def convert_to_float8_training(
+    module: M,
+    *,
+    config: Float8Config | None = None,
+    module_filter_fn: Filter | None = None,
+) -> M:
+    """Run ``module``'s unit-scaled linear layers in real FP8, **in place**.
+
+    A module conversion (as torchao's of the same name), not a graph transform:
+    each :class:`unit_scaling.Linear` (and ``LinearReadout``) becomes a
+    :class:`Float8Linear` (``Float8LinearReadout``) that keeps its parameters,
+    tags and hooks; in a model made by :func:`unit_scaling.transforms.unit_scale`
+    the graph's ``U.linear`` calls run in FP8 from the next call on (after
+    ``unit_scale``, before ``track_scales``; do not combine it with
+    ``simulate_fp8``). Attention's matrix products stay in high precision.
+    Convert before ``fully_shard``. A layer whose sizes are not multiples of 16
+    is kept in high precision (or padded, see :class:`Float8Config`) and named
+    in a warning.
+
+    Args:
+        module: the model (changed in place).
+        config: the FP8 formats and GEMMs (default :class:`Float8Config`).
+        module_filter_fn: ``fn(layer, fqn) -> bool``; only layers it accepts
+            are converted.
+
+    Returns:
+        ``module``.
+
+    Example::
+
+        >>> model = convert_to_float8_training(nn.Sequential(uu.Linear(64, 64)))
+        >>> model(torch.randn(4, 64)).shape
+        torch.Size([4, 64])
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            "convert_to_float8_training: module must be an nn.Module, got "
+            f"{type(module).__name__}"
+        )
+    config = config if config is not None else Float8Config()
+    if not isinstance(config, Float8Config):
+        raise TypeError(
+            f"convert_to_float8_training: config must be a Float8Config, got {config!r}"
+        )
+    from torch.distributed.fsdp import FSDPModule
+
+    if any(isinstance(m, FSDPModule) for m in module.modules()):
+        raise ValueError(
+            "convert_to_float8_training: module is already sharded by fully_shard; "
+            "convert it first, then shard"
+        )
+    if transform_state(module) is not None:
+        extend_in_place(
+            module,
+            Transform(
+                name="float8",
+                place=Place.QUANTISE,
+                graph_pass=_float8_pass(config, module_filter_fn, module),
+                non_recurse=UNIT_SCALED_FUNCTIONS,
+            ),
+        )
+        return module
+    kept = []
+    for fqn, sub in module.named_modules():
+        if not isinstance(sub, Linear) or isinstance(
+            sub, (Float8Linear, Float8LinearReadout)
+        ):
+            continue
+        if module_filter_fn is not None and not module_filter_fn(sub, fqn):
+            continue
+        keeps = config.unsupported_shapes == "keep"
+        if keeps and not fits(sub.in_features, sub.out_features):
+            kept.append(f"{fqn} ({sub.in_features} -> {sub.out_features})")
+        sub.__class__ = (
+            Float8LinearReadout if isinstance(sub, LinearReadout) else Float8Linear
+        )
+        object.__setattr__(sub, "float8_config", config)
+    _warn_kept(kept)
+    return module

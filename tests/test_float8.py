@@ -1,0 +1,248 @@
+"""Real FP8 training through ``torch._scaled_mm`` (emulated on the CPU)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import unit_scaling as uu
+from unit_scaling import float8
+from unit_scaling import functional as U
+from unit_scaling.float8 import Float8Config, convert_to_float8_training
+from unit_scaling.formats import FP8_E4M3, FP8_E5M2
+
+from .helpers import randn
+
+
+def sqnr(approx: Tensor, exact: Tensor) -> float:
+    """Signal-to-quantisation-noise ratio in dB."""
+    noise = (approx.double() - exact.double()).pow(2).mean()
+    return float(10 * torch.log10(exact.double().pow(2).mean() / noise))
+
+
+def _run(
+    fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, w: Tensor, g: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    y = fn(x, w)
+    y.backward(g)
+    assert x.grad is not None and w.grad is not None
+    return y.detach(), x.grad, w.grad
+
+
+def _simulated(x: Tensor, w: Tensor) -> Tensor:
+    """What the FP8 GEMMs compute: operands rounded to E4M3 in the forward pass,
+    the output gradient (the backward GEMMs' operand) rounded to E5M2."""
+    return FP8_E5M2.quantise_bwd(
+        U.linear(FP8_E4M3.quantise_fwd(x), FP8_E4M3.quantise_fwd(w))
+    )
+
+
+@pytest.fixture
+def operands() -> tuple[Tensor, Tensor, Tensor]:
+    return randn(64, 256, seed=1), randn(512, 256, seed=2), randn(64, 512, seed=3)
+
+
+def test_real_fp8_equals_the_simulation(operands: tuple[Tensor, ...]) -> None:
+    real = _run(float8.linear, *operands)
+    simulated = _run(_simulated, *operands)
+    for got, expected in zip(real, simulated, strict=True):
+        # Products of FP8 values are exact in float32; only the order of the
+        # sums differs.
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_single_linear_meets_torchaos_sqnr_bars(operands: tuple[Tensor, ...]) -> None:
+    y, gx, gw = _run(float8.linear, *operands)
+    ey, egx, egw = _run(U.linear, *operands)
+    assert sqnr(y, ey) >= 18
+    assert sqnr(gx, egx) >= 17
+    assert sqnr(gw, egw) >= 17
+
+
+def _all_grads(model: nn.Module, loss: Tensor) -> dict[str, Tensor]:
+    loss.backward()
+    return {
+        n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+    }
+
+
+def test_llama_style_ffn_meets_20_db_everywhere() -> None:
+    torch.manual_seed(0)
+    exact = uu.MLP(256, expansion_factor=4)
+    real = convert_to_float8_training(
+        uu.MLP(256, expansion_factor=4).requires_grad_(True)
+    )
+    real.load_state_dict(exact.state_dict())
+    x, g = randn(512, 256, seed=4), randn(512, 256, seed=5)
+    outs = []
+    for model in (exact, real):
+        xi = x.detach().clone().requires_grad_()
+        y = model(xi)
+        grads = _all_grads(model, (y * g).sum())
+        outs.append((y.detach(), xi.grad, grads))
+    (ey, egx, egrads), (y, gx, grads) = outs
+    assert sqnr(y, ey) >= 20
+    assert sqnr(gx, egx) >= 20
+    assert egrads.keys() == grads.keys() and len(grads) == 3
+    for name, expected in egrads.items():
+        assert sqnr(grads[name], expected) >= 20, name
+
+
+def test_decoder_logits_and_weight_gradients() -> None:
+    torch.manual_seed(0)
+    exact = uu.TransformerDecoder(64, 256, layers=2, heads=4)
+    real = convert_to_float8_training(uu.TransformerDecoder(64, 256, layers=2, heads=4))
+    real.load_state_dict(exact.state_dict())
+    tokens = torch.randint(256, (4, 65), generator=torch.Generator().manual_seed(0))
+    assert sqnr(real(tokens), exact(tokens)) >= 18
+    egrads = _all_grads(exact, exact.loss(tokens))
+    grads = _all_grads(real, real.loss(tokens))
+    for name, expected in egrads.items():
+        if expected.dim() == 2:  # the weights
+            assert sqnr(grads[name], expected) >= 17, name
+
+
+def test_compiled_equals_eager(operands: tuple[Tensor, ...]) -> None:
+    compiled = torch.compile(float8.linear, fullgraph=True)
+    for got, expected in zip(
+        _run(compiled, *operands), _run(float8.linear, *operands), strict=True
+    ):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_no_amax_and_no_host_sync(operands: tuple[Tensor, ...]) -> None:
+    """Static scales: the forward and backward reduce no tensor to a maximum
+    and read no value back to the host."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        _run(float8.linear, *operands)
+    events = list(prof.events())
+    names = {e.name for e in events}
+    assert "aten::_scaled_mm" in names
+    assert not names & {"aten::amax", "aten::max", "aten::abs", "aten::norm"}
+
+    def inside_scaled_mm(event: Any) -> bool:
+        while event is not None:
+            if event.name == "aten::_scaled_mm":
+                return True
+            event = event.cpu_parent
+        return False
+
+    # The CPU emulation of _scaled_mm reads its two scale arguments with item();
+    # on a GPU the kernel reads them on the device. Nothing else reads a value.
+    reads = [e for e in events if e.name in ("aten::item", "aten::_local_scalar_dense")]
+    assert reads and all(inside_scaled_mm(e) for e in reads)
+
+
+def test_save_fp8_inputs_saves_fp8(operands: tuple[Tensor, ...]) -> None:
+    saved: list[torch.dtype] = []
+
+    def pack(t: Tensor) -> Tensor:
+        saved.append(t.dtype)
+        return t
+
+    config = Float8Config(save_fp8_inputs=True)
+    x, w, g = operands
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = _run(lambda a, b: float8.linear(a, b, config=config), x, w, g)
+    assert saved == [torch.float8_e4m3fn, torch.float8_e4m3fn]
+    for got, expected in zip(result, _run(float8.linear, x, w, g), strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_gemms_kept_in_high_precision_on_request(operands: tuple[Tensor, ...]) -> None:
+    config = Float8Config(output=False, grad_input=False, grad_weight=False)
+    fp32 = _run(lambda a, b: float8.linear(a, b, config=config), *operands)
+    for got, expected in zip(fp32, _run(U.linear, *operands), strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_shapes_fp8_cannot_take_are_kept_or_padded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    x, w, g = randn(10, 40, seed=1), randn(24, 40, seed=2), randn(10, 24, seed=3)
+    kept = _run(float8.linear, x, w, g)
+    for got, expected in zip(kept, _run(U.linear, x, w, g), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    pad = Float8Config(unsupported_shapes="pad")
+    padded = _run(lambda a, b: float8.linear(a, b, config=pad), x, w, g)
+    for got, expected in zip(padded, _run(_simulated, x, w, g), strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    with caplog.at_level(logging.WARNING, logger="unit_scaling.float8"):
+        model = convert_to_float8_training(nn.Sequential(uu.Linear(40, 24)))
+    assert "0 (40 -> 24)" in caplog.text and "stay in high precision" in caplog.text
+    assert isinstance(model[0], float8.Float8Linear)
+
+
+def test_conversion_is_in_place_and_keeps_parameters() -> None:
+    model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
+    params = dict(model.named_parameters())
+    out = convert_to_float8_training(
+        model, module_filter_fn=lambda layer, fqn: "mlp" in fqn
+    )
+    assert out is model
+    assert dict(model.named_parameters()) == params
+    assert type(model.layers[0].mlp.linear_2) is float8.Float8Linear
+    assert type(model.layers[0].mhsa.linear_qkv) is uu.Linear  # filtered out
+    assert model.layers[0].mlp.linear_2.weight.mup_type == "weight"
+
+
+def test_autocast_gives_the_autocast_dtype(operands: tuple[Tensor, ...]) -> None:
+    x, w, _ = operands
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert float8.linear(x, w).dtype == torch.bfloat16
+    assert float8.linear(
+        x, w, config=Float8Config(output_dtype=torch.bfloat16)
+    ).dtype == (torch.bfloat16)
+
+
+def test_a_unit_scaled_hf_model_converts_in_place() -> None:
+    pytest.importorskip("transformers")
+    from unit_scaling.transforms import unit_scale
+    from unit_scaling.transforms._engine import transform_state
+    from unit_scaling.zoo import hf_model
+
+    torch.manual_seed(0)
+    scaled = unit_scale(hf_model("llama", hidden_size=64, vocab_size=256))
+    tokens = torch.randint(256, (2, 32), generator=torch.Generator().manual_seed(0))
+    before = scaled(input_ids=tokens).logits
+    assert convert_to_float8_training(scaled) is scaled
+    after = scaled(input_ids=tokens).logits
+    state = transform_state(scaled)
+    assert state is not None
+    targets = {n.target for c in state.captures for n in c.graph_module.graph.nodes}
+    names = {getattr(t, "__name__", "") for t in targets}
+    assert "float8_linear" in names and U.linear not in targets
+    assert sqnr(after, before) >= 18
+    assert not torch.equal(after, before)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"forward_dtype": torch.bfloat16}, ValueError),
+        ({"forward_dtype": torch.float8_e5m2}, ValueError),  # E5M2 x E5M2
+        ({"output_dtype": torch.float8_e4m3fn}, ValueError),
+        ({"unsupported_shapes": "drop"}, ValueError),
+        ({"output": 1}, TypeError),
+    ],
+)
+def test_bad_config_is_refused(kwargs: dict[str, Any], error: type) -> None:
+    with pytest.raises(error, match="Float8Config"):
+        Float8Config(**kwargs)
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(TypeError, match=r"nn\.Module"):
+        convert_to_float8_training("model")  # type: ignore[type-var]
+    with pytest.raises(TypeError, match="Float8Config"):
+        convert_to_float8_training(nn.Linear(2, 2), config={})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="in_features"):
+        float8.linear(torch.randn(4, 8), torch.randn(16, 4))
