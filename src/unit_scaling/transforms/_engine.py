@@ -320,6 +320,7 @@ class TransformedForward:
     def __init__(self, module: nn.Module, state: RunState) -> None:
         self._module = module
         self._state = state
+        self._seen_type: type[nn.Module] | None = None
         self._original = _dynamo.fresh_forward(module)  # called with the module
         # The frame Dynamo captures is this function's own, decorators included.
         signature = inspect.signature(type(module).forward, follow_wrapped=False)
@@ -408,7 +409,9 @@ class TransformedForward:
         state.current_call = (args, kwargs)
         reasons_before = _dynamo.break_reasons()
         captured_before = len(state.captures)
-        _own_block_forwards(self._module)
+        if type(self._module) is not self._seen_type:  # e.g. sharded since
+            _own_block_forwards(self._module)
+            self._seen_type = type(self._module)
         try:
             with _dynamo.capturing(config.non_recurse):
                 output = self._compiled(self._module, *args, **kwargs)
