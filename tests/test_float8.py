@@ -246,3 +246,5 @@ def test_bad_arguments_are_refused() -> None:
         convert_to_float8_training(nn.Linear(2, 2), config={})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="in_features"):
         float8.linear(torch.randn(4, 8), torch.randn(16, 4))
+    with pytest.raises(TypeError, match="floating-point"):
+        float8.linear(torch.ones(4, 16, dtype=torch.long), torch.randn(16, 16))

@@ -323,13 +323,12 @@ def linear(
     config = config if config is not None else Float8Config()
     if not isinstance(config, Float8Config):
         raise TypeError(f"float8.linear: config must be a Float8Config, got {config!r}")
-    if (
-        weight.dim() != 2
-        or input.dim() == 0
-        or input.shape[-1] != weight.shape[1]
-        or (bias is not None and bias.shape != weight.shape[:1])
-    ):
-        check_linear_args("float8.linear", input, weight, bias)
+    check_linear_args("float8.linear", input, weight, bias)
+    if not (input.is_floating_point() and weight.is_floating_point()):
+        raise TypeError(
+            "float8.linear: input and weight must be floating-point tensors, got "
+            f"{input.dtype} and {weight.dtype}"
+        )
     validate_constraint(constraint)
     fan_out, fan_in = weight.shape
     fits_here = fits(fan_in, fan_out)
