@@ -248,3 +248,25 @@ def test_bad_arguments_are_refused() -> None:
         float8.linear(torch.randn(4, 8), torch.randn(16, 4))
     with pytest.raises(TypeError, match="floating-point"):
         float8.linear(torch.ones(4, 16, dtype=torch.long), torch.randn(16, 16))
+
+
+def test_the_cpu_onednn_workaround_is_still_needed() -> None:
+    """``float8._cpu_gemm`` turns oneDNN off around ``_scaled_mm``: in torch 2.13
+    its E4M3 x E4M3 path is two orders of magnitude slower than torch's own. When
+    this fails, torch has fixed that: remove the workaround."""
+    import time
+
+    a = torch.randn(256, 128).to(torch.float8_e4m3fn)
+    b = torch.randn(128, 128).to(torch.float8_e4m3fn).t()
+    one = torch.tensor(1.0)
+
+    def seconds() -> float:
+        start = time.perf_counter()
+        torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.float32)
+        return time.perf_counter() - start
+
+    with torch.backends.mkldnn.flags(enabled=True):
+        slow = min(seconds() for _ in range(2))
+    with torch.backends.mkldnn.flags(enabled=False):
+        fast = min(seconds() for _ in range(5))
+    assert slow > 10 * fast, (slow, fast)

@@ -118,3 +118,15 @@ def test_scaled_mm_is_the_fp8_gemm() -> None:
         a, b.t(), scale_a=two, scale_b=one, out_dtype=torch.float32
     )
     torch.testing.assert_close(out, 2 * a.float() @ b.float().t())
+
+
+def test_onednn_flag_is_the_public_one() -> None:
+    before = torch.backends.mkldnn.enabled
+    try:
+        internals.set_onednn_enabled(False)
+        assert torch.backends.mkldnn.enabled is False
+        assert internals.onednn_enabled() is False
+        internals.set_onednn_enabled(True)
+        assert torch.backends.mkldnn.enabled is True
+    finally:
+        torch.backends.mkldnn.enabled = before

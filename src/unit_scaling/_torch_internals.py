@@ -32,8 +32,10 @@ __all__ = [
     "functorch_transforms_active",
     "is_functorch_wrapped_tensor",
     "mha_packed_projection",
+    "onednn_enabled",
     "pytree",
     "scaled_mm",
+    "set_onednn_enabled",
     "size_1_t",
     "size_2_t",
     "size_3_t",
@@ -127,6 +129,18 @@ def fsdp_unsharded_parameters(module: nn.Module) -> dict[int, nn.Parameter]:
 # The scaled FP8 GEMM ``scale_a * scale_b * (a @ b)`` of FP8 operands (``a``
 # row-major, ``b`` column-major); torch has no public name for it yet.
 scaled_mm: Callable[..., Tensor] = torch._scaled_mm
+
+
+def onednn_enabled() -> bool:
+    """Whether CPU ops may use oneDNN (``torch.backends.mkldnn.enabled``, read
+    without the Python property, which a custom op's body cannot assign)."""
+    enabled: bool = torch._C._get_mkldnn_enabled()
+    return enabled
+
+
+def set_onednn_enabled(enabled: bool) -> None:
+    """Let CPU ops use oneDNN, or not (process-wide, as the public flag)."""
+    torch._C._set_mkldnn_enabled(enabled)
 
 
 # ``torch.distributed.GradBucket`` (a DDP communication hook's argument),
