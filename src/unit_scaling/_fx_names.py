@@ -64,7 +64,14 @@ def module_path(node: Node) -> str:
     path = str(list(stack.values())[-1][0])
     # Dynamo writes paths from the captured frame's locals: L['self'].h[0].attn,
     # L['fn'].__self__.layers._modules['0'] (our forward is a bound method), or
-    # L['args'][0].model (a forward wrapped by a ``*args`` decorator).
-    path = re.sub(r"^L\['args'\]\[0\]|^L\['[^']*'\](\.__self__)?", "", path)
+    # L['args'][0].model (a forward wrapped by a ``*args`` decorator), or
+    # L['__nested_frame_values'][0][1].lm_head (an outer frame's ``self``, in a
+    # frame Dynamo resumed after a graph break in a nested call).
+    path = re.sub(
+        r"^L\['__nested_frame_values'\](\[\d+\])*"
+        r"|^L\['args'\]\[0\]|^L\['[^']*'\](\.__self__)?",
+        "",
+        path,
+    )
     path = re.sub(r"_modules\['([^']*)'\]", r"\1", path)
     return re.sub(r"\[['\"]?([^'\"\]]*)['\"]?\]", r".\1", path).strip(".")

@@ -165,6 +165,12 @@ def _reads_module(steps: list[_Step]) -> bool:
 def _readable_name(root: str, steps: list[_Step], self_name: str) -> str:
     """``self._modules['h']._modules['0']._parameters['weight']`` -> ``h.0.weight``."""
     omit = root in (self_name, "kwargs", "fn") or root.endswith("self")
+    if root == "__nested_frame_values":
+        # An outer frame's local (its ``self``, say), in a frame Dynamo resumed
+        # after a graph break inside a nested call.
+        while steps and steps[0][0] == "item" and isinstance(steps[0][1], int):
+            steps = steps[1:]
+        omit = _reads_module(steps)
     if root == "args" and steps[:1] == [("item", 0)] and _reads_module(steps[1:]):
         # A forward wrapped by a ``def wrapper(*args, **kwargs)`` decorator
         # (transformers >= 5.24 wraps its models' forwards): ``self`` is args[0].
