@@ -6,14 +6,22 @@ import warnings
 from typing import Any
 
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 import unit_scaling as uu
 from unit_scaling.float8 import Float8Linear, convert_to_float8_training
 from unit_scaling.parallel import fully_shard
 
 from ._launch import once_per_session, run_distributed
-from ._reference import LR, global_batches, lrs, make_model, tags, train
+from ._reference import LR, full, global_batches, lrs, make_model, tags, train
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -28,27 +36,78 @@ def _run(model: nn.Module) -> dict[str, Any]:
     return {**result, "lrs": lrs(optimizer), "tags": tags(model)}
 
 
-def _sharded_run(rank: int, world_size: int) -> dict[str, Any]:
-    warnings.filterwarnings("ignore", "FSDP2-wrapped module")
-    model = _fp8_model()
+def _sharded(seed: int = 0) -> nn.Module:
+    model = convert_to_float8_training(make_model(seed))
     for layer in model.layers:  # type: ignore[union-attr]
         fully_shard(layer)
     fully_shard(model)
+    return model
+
+
+def _state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    return {
+        "model": get_model_state_dict(model),
+        "optim": get_optimizer_state_dict(model, optimizer),
+    }
+
+
+def _checkpoint(directory: str) -> dict[str, Any]:
+    """Train 3 steps, save with DCP, train 2 more; a fresh model loads the
+    checkpoint and trains the same 2 steps."""
+    batches = global_batches(5)
+    model = _sharded()
+    optimizer = uu.optim.AdamW(model.named_parameters(), lr=LR)
+    train(model, optimizer, batches[:3])
+    state = _state(model, optimizer)
+    saved_dtypes = {
+        name: value.dtype for name, value in state["model"].items() if "weight" in name
+    }
+    dcp.save(state, checkpoint_id=directory)
+    continued = train(model, optimizer, batches[3:])
+    fresh = _sharded(seed=1)
+    fresh_optimizer = uu.optim.AdamW(fresh.named_parameters(), lr=LR)
+    state = _state(fresh, fresh_optimizer)
+    dcp.load(state, checkpoint_id=directory)
+    set_model_state_dict(fresh, state["model"])
+    set_optimizer_state_dict(fresh, fresh_optimizer, state["optim"])
+    resumed = train(fresh, fresh_optimizer, batches[3:])
+    return {
+        "saved_dtypes": saved_dtypes,
+        "continued": continued["losses"],
+        "resumed": resumed["losses"],
+        "same_params": all(
+            torch.equal(full(p), full(q))
+            for p, q in zip(model.parameters(), fresh.parameters(), strict=True)
+        ),
+    }
+
+
+def _sharded_run(rank: int, world_size: int, directory: str) -> dict[str, Any]:
+    warnings.filterwarnings("ignore", "FSDP2-wrapped module")
+    model = _sharded()
     converted = sum(isinstance(m, Float8Linear) for m in model.modules())
     try:
         convert_to_float8_training(model)
         refused = ""
     except ValueError as error:
         refused = str(error)
-    return {**_run(model), "converted": converted, "refused": refused}
+    return {
+        **_run(model),
+        "converted": converted,
+        "refused": refused,
+        "checkpoint": _checkpoint(directory),
+    }
 
 
 @pytest.fixture(scope="module")
-def runs(request: pytest.FixtureRequest) -> Any:
+def runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Any:
+    directory = str(tmp_path_factory.mktemp("float8_checkpoint"))
     return once_per_session(
         request,
         "float8_fsdp",
-        lambda: (_run(_fp8_model()), run_distributed(_sharded_run)),
+        lambda: (_run(_fp8_model()), run_distributed(_sharded_run, directory)),
     )
 
 
@@ -70,3 +129,12 @@ def test_sharded_fp8_training_matches_one_process(runs: Any) -> None:
     for name, expected in reference["grads"].items():
         off = ((ranks[0]["grads"][name] - expected).norm() / expected.norm()).item()
         assert off < 1e-5, (name, off)
+
+
+def test_a_checkpoint_keeps_float32_masters_and_resumes_exactly(runs: Any) -> None:
+    _, ranks = runs
+    for rank in ranks:
+        checkpoint = rank["checkpoint"]
+        assert set(checkpoint["saved_dtypes"].values()) == {torch.float32}
+        assert checkpoint["resumed"] == checkpoint["continued"]
+        assert checkpoint["same_params"]
