@@ -130,3 +130,7 @@ def test_onednn_flag_is_the_public_one() -> None:
         assert torch.backends.mkldnn.enabled is True
     finally:
         torch.backends.mkldnn.enabled = before
+
+
+def test_disabled_torch_function_is_torchs() -> None:
+    assert internals.disabled_torch_function is torch._C._disabled_torch_function_impl

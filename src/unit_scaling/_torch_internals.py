@@ -28,6 +28,7 @@ __all__ = [
     "OpOverloadPacket",
     "any_autocast_enabled",
     "cpp_python_bindings",
+    "disabled_torch_function",
     "fsdp_unsharded_parameters",
     "functorch_transforms_active",
     "is_functorch_wrapped_tensor",
@@ -141,6 +142,11 @@ def onednn_enabled() -> bool:
 def set_onednn_enabled(enabled: bool) -> None:
     """Let CPU ops use oneDNN, or not (process-wide, as the public flag)."""
     torch._C._set_mkldnn_enabled(enabled)
+
+
+# The ``__torch_function__`` of a tensor subclass that handles everything in
+# ``__torch_dispatch__`` (as torch's own wrapper subclasses do).
+disabled_torch_function: Any = torch._C._disabled_torch_function_impl
 
 
 # ``torch.distributed.GradBucket`` (a DDP communication hook's argument),

@@ -43,7 +43,13 @@ from torch.fx import GraphModule
 
 from . import functional as U
 from ._fx_names import module_path
-from ._torch_internals import onednn_enabled, scaled_mm, set_onednn_enabled
+from ._torch_internals import (
+    disabled_torch_function,
+    onednn_enabled,
+    pytree,
+    scaled_mm,
+    set_onednn_enabled,
+)
 from .constraints import apply_constraint
 from .functional._checks import check_linear_args, validate_constraint
 from .modules import Linear, LinearReadout
@@ -87,6 +93,9 @@ class Float8Config:
         unsupported_shapes: what to do with a layer whose ``in_features`` or
             ``out_features`` is not a multiple of 16 (what cuBLAS takes):
             ``"keep"`` it in high precision, or ``"pad"`` its operands with zeros.
+        fsdp_fp8_all_gather: under :func:`unit_scaling.parallel.fully_shard`,
+            gather the weights in FP8 (a quarter of float32's bytes, cast with
+            the static scale 1 before the all-gather: no amax all-reduce).
 
     Example::
 
@@ -102,6 +111,7 @@ class Float8Config:
     output_dtype: torch.dtype | None = None
     save_fp8_inputs: bool = False
     unsupported_shapes: Literal["keep", "pad"] = "keep"
+    fsdp_fp8_all_gather: bool = True
 
     def __post_init__(self) -> None:
         for name in ("forward_dtype", "gradient_dtype"):
@@ -135,7 +145,13 @@ class Float8Config:
                 'Float8Config: unsupported_shapes must be "keep" or "pad", got '
                 f"{self.unsupported_shapes!r}"
             )
-        for name in ("output", "grad_input", "grad_weight", "save_fp8_inputs"):
+        for name in (
+            "output",
+            "grad_input",
+            "grad_weight",
+            "save_fp8_inputs",
+            "fsdp_fp8_all_gather",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"Float8Config: {name} must be a bool")
 
@@ -246,7 +262,7 @@ class _Float8LinearFn(torch.autograd.Function):
         xq = wq = None
         if config.output or config.save_fp8_inputs:
             xq = _cast(x, config.forward_dtype)
-            wq = _cast(weight, config.forward_dtype)
+            wq = _fp8(weight, config.forward_dtype)
         if config.output:
             assert xq is not None and wq is not None
             a, b = (_pad(xq, 1), _pad(_pad(wq, 1), 0)) if pad else (xq, wq)
@@ -308,8 +324,189 @@ class _Float8LinearFn(torch.autograd.Function):
 
 
 def _fp8(x: Tensor, dtype: torch.dtype) -> Tensor:
-    """``x`` in ``dtype`` (cast unless it was saved in FP8 already)."""
+    """``x`` in ``dtype``: cast, unless it was saved in FP8 or gathered in FP8
+    by FSDP2 already."""
+    if isinstance(x, _GatheredFloat8):
+        return x.fp8
     return x if x.dtype in _FP8 else _cast(x, dtype)
+
+
+# --------------------------------------------------------------------------- #
+# FSDP2: weights gathered in FP8.
+# --------------------------------------------------------------------------- #
+
+_aten = torch.ops.aten
+# What FSDP2 does to a parameter while sharding it and gathering it: these keep
+# the FP8-gathering wrapper (anything else sees the plain high-precision tensor).
+_KEEPS_WRAPPER = {
+    _aten.detach.default,
+    _aten.alias.default,
+    _aten.empty_like.default,
+    _aten.new_zeros.default,
+    _aten.slice.Tensor,
+    _aten.copy_.default,
+    _aten.view.default,
+    _aten.as_strided.default,
+    _aten._to_copy.default,
+    _aten._pin_memory.default,
+    _aten.split.Tensor,
+    _aten.split_with_sizes.default,
+    _aten.clone.default,
+}
+
+
+class _FSDPFloat8Weight(Tensor):
+    """A high-precision weight that FSDP2 all-gathers in FP8: the shard is cast
+    to ``fp8_dtype`` with the static scale 1 (a unit-scaled weight needs no
+    other) and gathered as bytes (gloo carries no float8), then seen by the
+    layer as a :class:`_GatheredFloat8`. Optimizers and checkpoints see the
+    high-precision master ``data``."""
+
+    data_: Tensor
+    fp8_dtype: torch.dtype
+
+    @staticmethod
+    def __new__(cls, data: Tensor, fp8_dtype: torch.dtype) -> _FSDPFloat8Weight:
+        return Tensor._make_wrapper_subclass(
+            cls,
+            data.size(),
+            strides=data.stride(),
+            storage_offset=data.storage_offset(),
+            dtype=data.dtype,
+            device=data.device,
+            requires_grad=data.requires_grad,
+        )
+
+    def __init__(self, data: Tensor, fp8_dtype: torch.dtype) -> None:
+        self.data_ = data
+        self.fp8_dtype = fp8_dtype
+
+    __torch_function__ = disabled_torch_function
+
+    @classmethod
+    def __torch_dispatch__(  # type: ignore[override]
+        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        fp8_dtype = next(
+            a.fp8_dtype for a in pytree.tree_leaves(args) if isinstance(a, cls)
+        )
+        plain_args, plain_kwargs = pytree.tree_map_only(
+            cls, lambda t: t.data_, (args, kwargs or {})
+        )
+        out = func(*plain_args, **plain_kwargs)
+        if func is _aten.copy_.default:
+            return args[0]
+        if func not in _KEEPS_WRAPPER:
+            return out
+        return pytree.tree_map_only(Tensor, lambda t: cls(t, fp8_dtype), out)
+
+    def __tensor_flatten__(self) -> tuple[list[str], torch.dtype]:
+        return ["data_"], self.fp8_dtype
+
+    @staticmethod
+    def __tensor_unflatten__(
+        inner: dict[str, Tensor], fp8_dtype: torch.dtype, size: Any, stride: Any
+    ) -> _FSDPFloat8Weight:
+        return _FSDPFloat8Weight(inner["data_"], fp8_dtype)
+
+    def __repr__(self) -> str:  # type: ignore[override]
+        return f"_FSDPFloat8Weight({self.data_!r}, gathered as {self.fp8_dtype})"
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Saved (torch.save, DCP) as the plain master tensor it wraps.
+        return self.data_.__reduce_ex__(protocol)  # type: ignore[no-untyped-call]
+
+    def fsdp_pre_all_gather(
+        self, mesh: Any, outer_size: Any, outer_stride: Any, module: Any, policy: Any
+    ) -> tuple[tuple[Tensor, ...], None]:
+        return (_cast(self.data_, self.fp8_dtype).view(torch.uint8),), None
+
+    def fsdp_post_all_gather(
+        self,
+        outputs: tuple[Tensor, ...],
+        metadata: Any,
+        param_dtype: torch.dtype,
+        *,
+        out: Tensor | None = None,
+    ) -> tuple[Tensor, tuple[Tensor, ...]] | None:
+        (data,) = outputs
+        if out is not None:  # gathered again into the storage ``out`` views
+            return None
+        return _GatheredFloat8(data.view(self.fp8_dtype), param_dtype), (data,)
+
+
+class _GatheredFloat8(Tensor):
+    """A weight FSDP2 gathered in FP8, in the guise of its high-precision dtype:
+    :func:`linear` takes its FP8 values as they are; any other op sees them
+    converted to that dtype."""
+
+    fp8: Tensor
+
+    @staticmethod
+    def __new__(cls, fp8: Tensor, dtype: torch.dtype) -> _GatheredFloat8:
+        return Tensor._make_wrapper_subclass(
+            cls,
+            fp8.size(),
+            strides=fp8.stride(),
+            storage_offset=fp8.storage_offset(),
+            dtype=dtype,
+            device=fp8.device,
+            requires_grad=False,
+        )
+
+    def __init__(self, fp8: Tensor, dtype: torch.dtype) -> None:
+        self.fp8 = fp8
+
+    __torch_function__ = disabled_torch_function
+
+    @classmethod
+    def __torch_dispatch__(  # type: ignore[override]
+        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        if func in (
+            _aten.as_strided.default,
+            _aten.view.default,
+            _aten.detach.default,
+            _aten.alias.default,
+            _aten.t.default,
+        ):
+            self = args[0]
+            return cls(func(self.fp8, *args[1:], **(kwargs or {})), self.dtype)
+        plain_args, plain_kwargs = pytree.tree_map_only(
+            cls, lambda t: t.fp8.to(t.dtype), (args, kwargs or {})
+        )
+        return func(*plain_args, **plain_kwargs)
+
+    def __tensor_flatten__(self) -> tuple[list[str], torch.dtype]:
+        return ["fp8"], self.dtype
+
+    @staticmethod
+    def __tensor_unflatten__(
+        inner: dict[str, Tensor], dtype: torch.dtype, size: Any, stride: Any
+    ) -> _GatheredFloat8:
+        return _GatheredFloat8(inner["fp8"], dtype)
+
+    def __repr__(self) -> str:  # type: ignore[override]
+        return f"_GatheredFloat8({self.fp8!r}, as {self.dtype})"
+
+
+def _gather_in_fp8(layer: nn.Module) -> None:
+    """Before FSDP2 shards ``layer``: its weight becomes one that is gathered in
+    FP8 (the same values, tags and ``requires_grad``)."""
+    weight = layer._parameters["weight"]
+    if weight is None or isinstance(weight.data, _FSDPFloat8Weight):
+        return
+    if type(weight.data).__name__ == "DTensor":  # sharded already
+        return
+    config: Float8Config = layer.float8_config  # type: ignore[assignment]
+    wrapped = nn.Parameter(
+        _FSDPFloat8Weight(weight.detach(), config.forward_dtype),
+        requires_grad=weight.requires_grad,
+    )
+    for tag in ("mup_type", "mup_scaling_depth"):
+        if hasattr(weight, tag):
+            setattr(wrapped, tag, getattr(weight, tag))
+    layer._parameters["weight"] = wrapped
 
 
 # --------------------------------------------------------------------------- #
@@ -418,6 +615,13 @@ class _Float8Layer(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, float8"
+
+    def fsdp_prepare_parameters(self) -> None:
+        """Called by :func:`unit_scaling.parallel.fully_shard` before sharding:
+        with ``float8_config.fsdp_fp8_all_gather``, the weight is gathered in
+        FP8."""
+        if self.float8_config.fsdp_fp8_all_gather:
+            _gather_in_fp8(self)
 
 
 class Float8Linear(_Float8Layer, Linear):

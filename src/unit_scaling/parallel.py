@@ -104,6 +104,12 @@ def fully_shard(module: nn.Module, **kwargs: Any) -> FSDPModule:
         'weight'
     """
     tags = mup_tags(module)
+    for sub in module.modules():
+        # A layer may say how its parameters travel (an FP8 layer gathers its
+        # weight in FP8; see unit_scaling.float8).
+        prepare = getattr(sub, "fsdp_prepare_parameters", None)
+        if callable(prepare):
+            prepare()
     sharded = _torch_fully_shard(module, **kwargs)
     params = dict(module.named_parameters())
     for name, (mup_type, depth) in tags.items():

@@ -17,7 +17,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 import unit_scaling as uu
-from unit_scaling.float8 import Float8Linear, convert_to_float8_training
+from unit_scaling.float8 import (
+    Float8Linear,
+    _FSDPFloat8Weight,
+    convert_to_float8_training,
+)
 from unit_scaling.parallel import fully_shard
 
 from ._launch import once_per_session, run_distributed
@@ -86,13 +90,34 @@ def _sharded_run(rank: int, world_size: int, directory: str) -> dict[str, Any]:
     warnings.filterwarnings("ignore", "FSDP2-wrapped module")
     model = _sharded()
     converted = sum(isinstance(m, Float8Linear) for m in model.modules())
+    # What the layer sees while it runs, and what FSDP2 all-gathers.
+    seen: dict[str, Any] = {}
+    layer = model.layers[0].mlp.linear_1  # type: ignore[index,union-attr]
+
+    def record_weight(module: nn.Module, args: Any) -> None:
+        seen.setdefault("weight", type(module.weight.data).__name__)
+
+    layer.register_forward_pre_hook(record_weight)
+    pre_all_gather = _FSDPFloat8Weight.fsdp_pre_all_gather
+
+    def recording(
+        self: Any, mesh: Any, size: Any, stride: Any, module: Any, policy: Any
+    ) -> Any:  # (FSDP2 reads the signature)
+        inputs, metadata = pre_all_gather(self, mesh, size, stride, module, policy)
+        seen.setdefault("gathered", set()).update(str(t.dtype) for t in inputs)
+        return inputs, metadata
+
+    _FSDPFloat8Weight.fsdp_pre_all_gather = recording  # type: ignore[method-assign]
     try:
         convert_to_float8_training(model)
         refused = ""
     except ValueError as error:
         refused = str(error)
+    result = _run(model)
+    _FSDPFloat8Weight.fsdp_pre_all_gather = pre_all_gather  # type: ignore[method-assign]
     return {
-        **_run(model),
+        **result,
+        "seen": {"weight": seen["weight"], "gathered": sorted(seen["gathered"])},
         "converted": converted,
         "refused": refused,
         "checkpoint": _checkpoint(directory),
@@ -123,6 +148,10 @@ def test_the_layers_stay_fp8_after_sharding(runs: Any) -> None:
 def test_sharded_fp8_training_matches_one_process(runs: Any) -> None:
     reference, ranks = runs
     for rank in ranks:
+        # The weights travel as FP8 bytes and reach the layer as FP8 values:
+        # the values a cast inside the layer would give, so the same training.
+        assert rank["seen"]["weight"] == "_GatheredFloat8"
+        assert rank["seen"]["gathered"] == ["torch.uint8"]
         assert rank["losses"] == pytest.approx(reference["losses"], rel=1e-5)
         assert rank["tags"] == reference["tags"]
         assert rank["lrs"] == reference["lrs"]
