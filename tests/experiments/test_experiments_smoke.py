@@ -7,32 +7,19 @@ settings small enough for seconds, writing into a temporary folder.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-EXPERIMENTS = Path(__file__).parents[2] / "experiments"
-
-
-def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the scripts import _common
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)  # dataclasses look it up by name
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_fp8_training_writes_figures_and_table(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, load_experiment: Callable[[str], ModuleType]
 ) -> None:
-    experiment = _load("fp8_training", monkeypatch)
+    experiment = load_experiment("fp8_training")
     tiny = "--steps 3 --width 32 --layers 1 --batch-size 4 --seq-len 16"
     more = "--accumulate 2 --warmup 1 --eval-every 2 --val-batches 1 --sweep 1 2"
     runs = experiment.main(
@@ -50,9 +37,9 @@ def test_fp8_training_writes_figures_and_table(
 
 
 def test_lr_transfer_writes_figure_and_table(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, load_experiment: Callable[[str], ModuleType]
 ) -> None:
-    experiment = _load("lr_transfer", monkeypatch)
+    experiment = load_experiment("lr_transfer")
     tiny = "--widths 32 64 --sp-lrs -9 -8 -7 --umup-lrs -4 -3 -2 --layers 1"
     more = "--batch-size 4 --seq-len 16 --steps 3 --warmup 1 --val-batches 1"
     losses = experiment.main(
@@ -71,8 +58,8 @@ def test_lr_transfer_writes_figure_and_table(
     assert "grid step" in table and "| 64 |" in table
 
 
-def test_optimum_and_shift(monkeypatch: pytest.MonkeyPatch) -> None:
-    experiment = _load("lr_transfer", monkeypatch)
+def test_optimum_and_shift(load_experiment: Callable[[str], ModuleType]) -> None:
+    experiment = load_experiment("lr_transfer")
     best, fitted = experiment.optimum({-3: 3.0, -2: 2.0, -1: 2.0, 0: math.nan})
     assert best in (-2, -1) and -2 <= fitted <= -1
     assert experiment.optimum({0: 1.0, 1: 2.0}) == (0, 0.0)  # at the edge: no fit
@@ -82,10 +69,10 @@ def test_optimum_and_shift(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.slow
 def test_fp8_finding_on_default_settings(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, load_experiment: Callable[[str], ModuleType]
 ) -> None:
     """The documented result (docs/results/fp8_training.md): ~10 min on 2 idle cores."""
-    runs = _load("fp8_training", monkeypatch).main(["--out", str(tmp_path)])
+    runs = load_experiment("fp8_training").main(["--out", str(tmp_path)])
     final = {name: curve.final_val for name, curve in runs.items()}
     assert final["u-μP FP8"] < 1.02 * final["u-μP FP32"]
     assert final["SP FP8"] > 1.2 * final["SP FP32"]
@@ -93,11 +80,12 @@ def test_fp8_finding_on_default_settings(
 
 
 def test_hf_transfer_quick_run_resumes_from_its_cache(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    load_experiment: Callable[[str], ModuleType],
 ) -> None:
     pytest.importorskip("transformers")
-    experiment = _load("hf_transfer", monkeypatch)
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # it imports lr_transfer too
+    experiment = load_experiment("hf_transfer")  # (its folder is on the path)
     cache = tmp_path / "runs.json"
     argv = ["--quick", "--families", "llama", "--jobs", "1"]
     argv += ["--out", str(tmp_path), "--cache", str(cache)]

@@ -6,31 +6,16 @@ The script lives outside the package; it is loaded from its file (as in
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-import pytest
-
-EXPERIMENTS = Path(__file__).parents[2] / "experiments"
-
-
-def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the script imports _common
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)  # dataclasses look it up by name
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_quick_run_writes_page_and_plot(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, load_experiment: Callable[[str], ModuleType]
 ) -> None:
-    experiment = _load("real_fp8", monkeypatch)
+    experiment = load_experiment("real_fp8")
     runs = experiment.main(["--quick", "--jobs", "1", "--out", str(tmp_path)])
     assert list(runs) == ["FP32", "simulated FP8", "real FP8"]
     for run in runs.values():
@@ -50,9 +35,11 @@ def test_quick_run_writes_page_and_plot(
     assert "attention" in page
 
 
-def test_the_runs_share_their_start(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_runs_share_their_start(
+    load_experiment: Callable[[str], ModuleType],
+) -> None:
     """Same seed, same weights: the three models start from one function."""
-    experiment = _load("real_fp8", monkeypatch)
+    experiment = load_experiment("real_fp8")
     config = experiment.Config(quick=True)
     assert config.width == 32 and config.steps == 4
     models = [experiment.make_model(config, p)[0] for p in experiment.PRECISIONS]
@@ -63,9 +50,9 @@ def test_the_runs_share_their_start(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_layers_not_multiple_of_16_are_listed_as_kept(
-    monkeypatch: pytest.MonkeyPatch,
+    load_experiment: Callable[[str], ModuleType],
 ) -> None:
-    experiment = _load("real_fp8", monkeypatch)
+    experiment = load_experiment("real_fp8")
     config = experiment.Config(width=24, layers=1, heads=1)
     _, run = experiment.make_model(config, "real FP8")
     assert run.kept_layers and run.warnings

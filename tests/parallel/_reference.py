@@ -56,6 +56,22 @@ def full(tensor: Tensor) -> Tensor:
     return (gather() if gather is not None else tensor).detach().clone()
 
 
+def checkpoint_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    """What a distributed checkpoint saves: the model's and the optimizer's
+    state dicts, as ``torch.distributed.checkpoint`` sees them."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    return {
+        "model": get_model_state_dict(model),
+        "optim": get_optimizer_state_dict(model, optimizer),
+    }
+
+
 def train(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,

@@ -11,7 +11,6 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
@@ -21,7 +20,16 @@ import unit_scaling as uu
 from unit_scaling.parallel import fully_shard
 
 from ._launch import once_per_session, run_distributed
-from ._reference import LR, full, global_batches, lrs, make_model, tags, train
+from ._reference import (
+    LR,
+    checkpoint_state,
+    full,
+    global_batches,
+    lrs,
+    make_model,
+    tags,
+    train,
+)
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -35,13 +43,6 @@ def _sharded(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
     fully_shard(model)
     optimizer = uu.optim.AdamW(model.named_parameters(), lr=LR, weight_decay=2**-10)
     return model, optimizer
-
-
-def _state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    return {
-        "model": get_model_state_dict(model),
-        "optim": get_optimizer_state_dict(model, optimizer),
-    }
 
 
 def _snapshot(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -65,14 +66,14 @@ def _save_and_resume(rank: int, world_size: int, directory: str) -> dict[str, An
 
     model, optimizer = _sharded(seed=0)
     train(model, optimizer, batches[:SAVED_AFTER])
-    dcp.save(_state(model, optimizer), checkpoint_id=directory)
+    dcp.save(checkpoint_state(model, optimizer), checkpoint_id=directory)
     saved = _snapshot(model, optimizer)
     continued = train(model, optimizer, batches[SAVED_AFTER:])
     continued_params = {n: full(p) for n, p in model.named_parameters()}
 
     fresh, fresh_optimizer = _sharded(seed=1)
     before_load = {n: full(p) for n, p in fresh.named_parameters()}
-    state = _state(fresh, fresh_optimizer)
+    state = checkpoint_state(fresh, fresh_optimizer)
     dcp.load(state, checkpoint_id=directory)
     set_model_state_dict(fresh, state["model"])
     set_optimizer_state_dict(fresh, fresh_optimizer, state["optim"])

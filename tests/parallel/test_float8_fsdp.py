@@ -10,8 +10,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
@@ -25,7 +23,16 @@ from unit_scaling.float8 import (
 from unit_scaling.parallel import fully_shard
 
 from ._launch import once_per_session, run_distributed
-from ._reference import LR, full, global_batches, lrs, make_model, tags, train
+from ._reference import (
+    LR,
+    checkpoint_state,
+    full,
+    global_batches,
+    lrs,
+    make_model,
+    tags,
+    train,
+)
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -48,13 +55,6 @@ def _sharded(seed: int = 0) -> nn.Module:
     return model
 
 
-def _state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    return {
-        "model": get_model_state_dict(model),
-        "optim": get_optimizer_state_dict(model, optimizer),
-    }
-
-
 def _checkpoint(directory: str) -> dict[str, Any]:
     """Train 3 steps, save with DCP, train 2 more; a fresh model loads the
     checkpoint and trains the same 2 steps."""
@@ -62,7 +62,7 @@ def _checkpoint(directory: str) -> dict[str, Any]:
     model = _sharded()
     optimizer = uu.optim.AdamW(model.named_parameters(), lr=LR)
     train(model, optimizer, batches[:3])
-    state = _state(model, optimizer)
+    state = checkpoint_state(model, optimizer)
     saved_dtypes = {
         name: value.dtype for name, value in state["model"].items() if "weight" in name
     }
@@ -70,7 +70,7 @@ def _checkpoint(directory: str) -> dict[str, Any]:
     continued = train(model, optimizer, batches[3:])
     fresh = _sharded(seed=1)
     fresh_optimizer = uu.optim.AdamW(fresh.named_parameters(), lr=LR)
-    state = _state(fresh, fresh_optimizer)
+    state = checkpoint_state(fresh, fresh_optimizer)
     dcp.load(state, checkpoint_id=directory)
     set_model_state_dict(fresh, state["model"])
     set_optimizer_state_dict(fresh, fresh_optimizer, state["optim"])

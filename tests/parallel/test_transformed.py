@@ -16,8 +16,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
@@ -29,7 +27,7 @@ from unit_scaling.transforms import unit_scale
 from unit_scaling.zoo import hf_model
 
 from ._launch import once_per_session, run_distributed
-from ._reference import full, global_batches, lrs, tags, train
+from ._reference import checkpoint_state, full, global_batches, lrs, tags, train
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -84,13 +82,6 @@ def _sharded(seed: int) -> nn.Module:
     return model
 
 
-def _state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    return {
-        "model": get_model_state_dict(model),
-        "optim": get_optimizer_state_dict(model, optimizer),
-    }
-
-
 def _worker(rank: int, world_size: int, directory: str) -> dict[str, Any]:
     warnings.filterwarnings("ignore", "FSDP2-wrapped module")
     batches = global_batches(STEPS)
@@ -103,11 +94,11 @@ def _worker(rank: int, world_size: int, directory: str) -> dict[str, Any]:
     model = _sharded(seed=0)
     optimizer = uu.optim.AdamW(model.named_parameters(), lr=LR)
     train(model, optimizer, batches[:SAVED_AFTER], _loss(model))
-    dcp.save(_state(model, optimizer), checkpoint_id=directory)
+    dcp.save(checkpoint_state(model, optimizer), checkpoint_id=directory)
     continued = train(model, optimizer, batches[SAVED_AFTER:], _loss(model))
     fresh = _sharded(seed=1)
     fresh_optimizer = uu.optim.AdamW(fresh.named_parameters(), lr=LR)
-    state = _state(fresh, fresh_optimizer)
+    state = checkpoint_state(fresh, fresh_optimizer)
     dcp.load(state, checkpoint_id=directory)
     set_model_state_dict(fresh, state["model"])
     set_optimizer_state_dict(fresh, fresh_optimizer, state["optim"])
