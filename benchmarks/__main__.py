@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import formats, train_step, transforms
+from . import float8, formats, train_step, transforms
 
 SECTIONS = {
     # The train step's ratio shifts by a few percent between processes on a shared
@@ -18,6 +18,10 @@ SECTIONS = {
     ),
     "formats": lambda quick: formats.run(),
     "transforms": lambda quick: transforms.run(rounds=5 if quick else 20),
+    # unit_scaling.float8 against torchao.float8; --quick: eager only.
+    "float8": lambda quick: float8.run(
+        rounds=3 if quick else 30, compiled=not quick, processes=1 if quick else 3
+    ),
 }
 
 if __name__ == "__main__":

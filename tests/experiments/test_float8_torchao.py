@@ -1,22 +1,21 @@
 """``experiments/float8_torchao.py`` runs end to end in its ``--quick`` mode.
 
-The script is loaded from its file, as ``test_experiments_smoke.py`` loads the
-other experiments, and its ``main(argv)`` run into a temporary folder: four tiny
+The script is loaded from its file (the ``load_experiment`` fixture of
+``conftest.py``) and its ``main(argv)`` run into a temporary folder: four tiny
 training runs (our FP8 on u-μP, torchao's FP8 on SP, both in FP32), the page and
 the plot.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from torch import nn
 
-EXPERIMENTS = Path(__file__).parents[2] / "experiments"
 RUNS = (
     "u-μP FP8 (unit_scaling.float8)",
     "SP FP8 (torchao.float8)",
@@ -25,21 +24,11 @@ RUNS = (
 )
 
 
-def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))  # the scripts import _common
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)  # dataclasses look it up by name
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_quick_run_writes_page_and_plot_of_the_four_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, load_experiment: Callable[[str], ModuleType]
 ) -> None:
     pytest.importorskip("torchao.float8")
-    experiment = _load("float8_torchao", monkeypatch)
+    experiment = load_experiment("float8_torchao")
     runs = experiment.main(["--quick", "--jobs", "1", "--out", str(tmp_path)])
 
     assert tuple(runs) == RUNS
@@ -66,11 +55,9 @@ def test_quick_run_writes_page_and_plot_of_the_four_runs(
 
 
 def test_torchao_filter_takes_multiples_of_16(
-    monkeypatch: pytest.MonkeyPatch,
+    load_experiment: Callable[[str], ModuleType],
 ) -> None:
-    from torch import nn
-
-    experiment = _load("float8_torchao", monkeypatch)
+    experiment = load_experiment("float8_torchao")
     assert experiment.torchao_filter(nn.Linear(32, 48), "a")
     assert not experiment.torchao_filter(nn.Linear(32, 50), "b")
     assert not experiment.torchao_filter(nn.Embedding(16, 16), "c")
