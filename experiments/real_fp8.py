@@ -30,8 +30,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import cast
@@ -84,11 +83,6 @@ class Config:
     seed: int = setting(DEMO.seed, "seed of the weights and the data order")
     eval_every: int = setting(DEMO.eval_every, "steps between validations")
     validation_batches: int = setting(DEMO.validation_batches, "batches per validation")
-    onednn: bool = setting(
-        False,
-        "let torch._scaled_mm use oneDNN on the CPU (on this machine's CPU its "
-        "E4M3 x E4M3 GEMM is ~1000x slower than torch's reference kernel)",
-    )
     quick: bool = setting(False, "a smoke run of seconds: " + str(QUICK))
 
     def __post_init__(self) -> None:
@@ -127,23 +121,6 @@ class _Records(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
-
-
-@contextmanager
-def cpu_gemm_backend(onednn: bool) -> Iterator[None]:
-    """Run with torch's oneDNN (mkldnn) CPU backend on or off, then restore it.
-
-    With it on, ``torch._scaled_mm`` of two E4M3 tensors goes to oneDNN on CPUs
-    with AMX, which computes it far more slowly than torch's reference kernel
-    (FP8 operands widened to float32, products exact, float32 sums); both give
-    the same numbers up to the order of the sums.
-    """
-    before = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = onednn  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        torch.backends.mkldnn.enabled = before
 
 
 def make_model(config: Config, precision: str) -> tuple[nn.Module, Run]:
@@ -185,21 +162,18 @@ def train_one(task: tuple[Config, str]) -> Run:
         corpus.get_batch("validation", config.batch_size, config.seq_len, generator=i)
         for i in range(config.validation_batches)
     ]
-    with cpu_gemm_backend(config.onednn):
-        model, run = make_model(config, precision)
-        optimizer = uu.optim.AdamW(model.parameters(), lr=config.lr)
-        run.history = train(
-            model,
-            cast(Callable[[Tensor], Tensor], model.loss),
-            optimizer,
-            corpus.batches(
-                "train", config.batch_size, config.seq_len, seed=config.seed
-            ),
-            config.steps,
-            validation,
-            eval_every=config.eval_every,
-            progress=False,
-        )
+    model, run = make_model(config, precision)
+    optimizer = uu.optim.AdamW(model.parameters(), lr=config.lr)
+    run.history = train(
+        model,
+        cast(Callable[[Tensor], Tensor], model.loss),
+        optimizer,
+        corpus.batches("train", config.batch_size, config.seq_len, seed=config.seed),
+        config.steps,
+        validation,
+        eval_every=config.eval_every,
+        progress=False,
+    )
     return run
 
 
@@ -474,12 +448,10 @@ order of the GEMMs' sums: in the linear layers they compute the same function
 On this CPU `torch._scaled_mm` is emulated: the FP8 operands are widened to
 float32 (their products are exact there) and summed in float32; a GPU sums them in
 its tensor cores' accumulators instead, in another order and, with fast
-accumulation, at lower precision. `torch._scaled_mm`'s oneDNN path, which
-torch takes on this CPU (it has AMX) when both operands are E4M3, gives the same
-numbers about 1000× more slowly,
-so the runs turn oneDNN off (`--onednn` turns it on; all three runs alike). The
-tokens/s column is CPU emulation speed, not FP8 speed; see
-`benchmarks/float8_gpu.py` for GPU throughput.
+accumulation, at lower precision. (`unit_scaling.float8` turns oneDNN off around
+its CPU GEMMs: torch 2.13's oneDNN path for E4M3 × E4M3 gives the same numbers
+hundreds of times more slowly.) The tokens/s column is CPU emulation speed, not
+FP8 speed; see `benchmarks/float8_gpu.py` for GPU throughput.
 
 ## Settings
 
