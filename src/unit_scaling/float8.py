@@ -68,6 +68,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=nn.Module)
+T = TypeVar("T", bound=Tensor)
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 # cuBLAS's FP8 GEMMs take dimensions that are multiples of 16.
@@ -355,6 +356,20 @@ _KEEPS_WRAPPER = {
 }
 
 
+def _wrapper(cls: type[T], inner: Tensor, dtype: torch.dtype, grad: bool) -> T:
+    """A ``cls`` tensor with ``inner``'s size, strides and device, and ``dtype``."""
+    out: T = Tensor._make_wrapper_subclass(
+        cls,
+        inner.size(),
+        strides=inner.stride(),
+        storage_offset=inner.storage_offset(),
+        dtype=dtype,
+        device=inner.device,
+        requires_grad=grad,
+    )
+    return out
+
+
 class _FSDPFloat8Weight(Tensor):
     """A high-precision weight that FSDP2 all-gathers in FP8: the shard is cast
     to ``fp8_dtype`` with the static scale 1 (a unit-scaled weight needs no
@@ -367,15 +382,7 @@ class _FSDPFloat8Weight(Tensor):
 
     @staticmethod
     def __new__(cls, data: Tensor, fp8_dtype: torch.dtype) -> _FSDPFloat8Weight:
-        return Tensor._make_wrapper_subclass(
-            cls,
-            data.size(),
-            strides=data.stride(),
-            storage_offset=data.storage_offset(),
-            dtype=data.dtype,
-            device=data.device,
-            requires_grad=data.requires_grad,
-        )
+        return _wrapper(cls, data, data.dtype, data.requires_grad)
 
     def __init__(self, data: Tensor, fp8_dtype: torch.dtype) -> None:
         self.data_ = data
@@ -444,15 +451,7 @@ class _GatheredFloat8(Tensor):
 
     @staticmethod
     def __new__(cls, fp8: Tensor, dtype: torch.dtype) -> _GatheredFloat8:
-        return Tensor._make_wrapper_subclass(
-            cls,
-            fp8.size(),
-            strides=fp8.stride(),
-            storage_offset=fp8.storage_offset(),
-            dtype=dtype,
-            device=fp8.device,
-            requires_grad=False,
-        )
+        return _wrapper(cls, fp8, dtype, False)
 
     def __init__(self, fp8: Tensor, dtype: torch.dtype) -> None:
         self.fp8 = fp8
