@@ -42,7 +42,7 @@ from torch import Tensor, nn
 import unit_scaling as uu
 from unit_scaling.app.config import parse_config, setting
 from unit_scaling.app.demo import DemoConfig
-from unit_scaling.app.training import History, train
+from unit_scaling.app.training import History, smooth, tail_mean, train
 from unit_scaling.data import VOCAB_SIZE, Corpus
 from unit_scaling.float8 import (
     Float8Linear,
@@ -182,21 +182,6 @@ def gap(value: float, reference: float) -> float:
     return value / reference - 1
 
 
-def _smooth(values: list[float], window: int = 10) -> list[float]:
-    """Trailing moving average (the per-step training loss is noisy)."""
-    out, total = [], 0.0
-    for i, value in enumerate(values):
-        total += value - (values[i - window] if i >= window else 0.0)
-        out.append(total / min(i + 1, window))
-    return out
-
-
-def _tail_mean(values: list[float], n: int = 20) -> float:
-    """Mean of the last ``n`` values."""
-    tail = values[-n:]
-    return sum(tail) / len(tail) if tail else math.nan
-
-
 def plot(config: Config, runs: dict[str, Run], path: Path) -> None:
     """Loss curves of the three runs, and their validation gaps to FP32."""
     import matplotlib
@@ -211,7 +196,7 @@ def plot(config: Config, runs: dict[str, Run], path: Path) -> None:
         style = "--" if precision == "simulated FP8" else "-"
         ax.plot(
             h.steps,
-            _smooth(h.train_loss),
+            smooth(h.train_loss),
             style,
             color=colour,
             alpha=0.5,
@@ -326,7 +311,7 @@ def report(config: Config, runs: dict[str, Run], seconds: float, jobs: int) -> s
                 f"{h.final_validation:.4f}",
                 f"{100 * vs_fp32[precision]:+.2f}%" if precision != "FP32" else "",
                 f"{100 * real_vs_sim:+.2f}%" if precision == "real FP8" else "",
-                f"{_tail_mean(h.train_loss):.4f}",
+                f"{tail_mean(h.train_loss):.4f}",
                 f"{h.tokens_per_second:,.0f}",
                 f"{h.seconds:.0f}",
             )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from ..modules import TransformerDecoder
 from ..transforms import simulate_fp8
 from .baseline import StandardTransformerDecoder
 from .config import add_options, config_from_options, setting
-from .training import History, train
+from .training import History, smooth, tail_mean, train
 
 __all__ = ["VARIANTS", "DemoConfig", "add_arguments", "config_from_args", "run"]
 
@@ -153,27 +152,12 @@ def _results_table(histories: dict[str, History]) -> str:
         "| --- | ---: | ---: | ---: |",
     ]
     for name, h in histories.items():
-        train_loss = _tail_mean(h.train_loss)
+        train_loss = tail_mean(h.train_loss)
         rows.append(
             f"| {name} | {train_loss:.3f} | {h.validation_loss[-1]:.3f} | "
             f"{h.tokens_per_second:,.0f} |"
         )
     return "\n".join(rows)
-
-
-def _smooth(values: list[float], window: int = 10) -> list[float]:
-    """Trailing moving average (the per-step training loss is noisy)."""
-    out, total = [], 0.0
-    for i, value in enumerate(values):
-        total += value - (values[i - window] if i >= window else 0.0)
-        out.append(total / min(i + 1, window))
-    return out
-
-
-def _tail_mean(values: list[float], n: int = 20) -> float:
-    """Mean of the last ``n`` values (the last step alone is noisy)."""
-    tail = values[-n:]
-    return sum(tail) / len(tail) if tail else math.nan
 
 
 def _write_outputs(
@@ -205,7 +189,7 @@ def _write_outputs(
         colour, style = colours[parametrisation], styles[precision]
         ax.plot(
             h.steps,
-            _smooth(h.train_loss),
+            smooth(h.train_loss),
             style,
             color=colour,
             alpha=0.8,

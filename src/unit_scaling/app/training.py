@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["History", "evaluate", "train"]
+__all__ = ["History", "evaluate", "smooth", "tail_mean", "train"]
 
 
 @dataclass
@@ -163,3 +163,31 @@ def train(
     history.tokens_per_second = tokens / elapsed if elapsed else math.nan
     history.seconds = time.perf_counter() - run_start
     return history
+
+
+def smooth(values: list[float], window: int = 10) -> list[float]:
+    """Trailing moving average over ``window`` values (the per-step training
+    loss is noisy).
+
+    Example::
+
+        >>> smooth([1.0, 3.0, 5.0], window=2)
+        [1.0, 2.0, 4.0]
+    """
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def tail_mean(values: list[float], n: int = 20) -> float:
+    """Mean of the last ``n`` values (the last step alone is noisy).
+
+    Example::
+
+        >>> tail_mean([9.0, 1.0, 3.0], n=2)
+        2.0
+    """
+    tail = values[-n:]
+    return sum(tail) / len(tail) if tail else math.nan
