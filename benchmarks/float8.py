@@ -35,8 +35,7 @@ import importlib.util
 import json
 import logging
 import statistics
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -80,17 +79,6 @@ def _torchao_float8() -> Any:
     finally:
         for logger, level in zip(quiet, levels, strict=True):
             logger.setLevel(level)
-
-
-@contextmanager
-def without_onednn() -> Iterator[None]:
-    """Measure with torch's oneDNN CPU backend off (see the module docstring)."""
-    before = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        torch.backends.mkldnn.enabled = before
 
 
 def models() -> dict[str, nn.Module]:
@@ -137,7 +125,7 @@ def measure(rounds: int = 30, compiled: bool = True) -> Measured:
     torch.manual_seed(0)
     batch = torch.randint(VOCAB, (BATCH, SEQ + 1))
     results: Measured = {}
-    with without_onednn():
+    with torch.backends.mkldnn.flags(enabled=False):  # see the docstring
         built = models()
         for mode in MODES if compiled else MODES[:1]:
             steps = {
@@ -218,7 +206,7 @@ def profile(rows: int = 15, compiled: bool = True) -> str:
     torch.manual_seed(0)
     batch = torch.randint(VOCAB, (BATCH, SEQ + 1))
     out = []
-    with without_onednn():
+    with torch.backends.mkldnn.flags(enabled=False):  # see the docstring
         built = models()
         for mode in MODES if compiled else MODES[:1]:
             for name in (OURS, THEIRS):

@@ -29,8 +29,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -131,24 +130,6 @@ class Run:
     auto_filter_layers: list[str] | None = None  # torchao's size heuristic's pick
 
 
-@contextmanager
-def cpu_gemm_backend(onednn: bool) -> Iterator[None]:
-    """Turn torch's oneDNN (mkldnn) CPU backend on or off, then restore it.
-
-    With it on, ``torch._scaled_mm`` of two E4M3 tensors goes to oneDNN on a CPU
-    with AMX, which is orders of magnitude slower than torch's reference kernel
-    (FP8 operands widened to float32, exact products, float32 sums).
-    ``unit_scaling.float8`` turns it off around its own GEMMs; torchao does
-    not. Float32 GEMMs do not use oneDNN here, so the FP32 runs are unaffected.
-    """
-    before = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = onednn  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        torch.backends.mkldnn.enabled = before
-
-
 def import_torchao_float8() -> ModuleType:
     """``torchao.float8``, imported without torchao's import-time warnings
     about CUDA extensions (MXFP8, CUTLASS) that a CPU build cannot load."""
@@ -227,7 +208,7 @@ def train_variant(task: tuple[Config, Variant]) -> Run:
     """Train one of the four runs, from ``config.seed``, on the shared batches."""
     config, variant = task
     corpus = Corpus()
-    with cpu_gemm_backend(config.onednn):
+    with torch.backends.mkldnn.flags(enabled=config.onednn):
         model = make_model(
             variant.parametrisation, config.width, config.layers, config.seed
         )
