@@ -1,4 +1,4 @@
-"""Real FP8 against simulated FP8 and FP32: the demo's u-μP decoder, three ways.
+"""Real FP8 against simulated FP8 and FP32: the demo's u-μP decoder, four ways.
 
 Trains the u-μP model of ``python -m unit_scaling demo`` (its
 :class:`~unit_scaling.app.demo.DemoConfig`: width 128, 2 layers, 4 heads, byte
@@ -13,7 +13,10 @@ batches in
 * real FP8 (:func:`unit_scaling.float8.convert_to_float8_training`: each
   linear layer's three GEMMs run on ``torch.float8_e4m3fn``/``float8_e5m2``
   tensors through ``torch._scaled_mm``, with the layer's static unit scales as
-  dequantisation scales; emulated by torch on a CPU).
+  dequantisation scales; emulated by torch on a CPU);
+* real FP8 with attention's matrix products in FP8 too
+  (``Float8Config(attention=True)``), the closer match to the simulation,
+  which rounds attention's operands as well.
 
 The check (the issue's): real FP8 ends within 0.5% of simulated FP8 and within
 1% of FP32 in final validation loss. Writes ``real_fp8.png`` and
@@ -45,6 +48,7 @@ from unit_scaling.app.demo import DemoConfig
 from unit_scaling.app.training import History, smooth, tail_mean, train
 from unit_scaling.data import VOCAB_SIZE, Corpus
 from unit_scaling.float8 import (
+    Float8Config,
     Float8Linear,
     Float8LinearReadout,
     convert_to_float8_training,
@@ -52,7 +56,7 @@ from unit_scaling.float8 import (
 from unit_scaling.transforms import simulate_fp8
 
 DEMO = DemoConfig()
-PRECISIONS = ("FP32", "simulated FP8", "real FP8")
+PRECISIONS = ("FP32", "simulated FP8", "real FP8", "real FP8 + attention")
 TARGET_VS_SIMULATED = 0.005  # |real / simulated - 1| at the end of training
 TARGET_VS_FP32 = 0.01  # |real / FP32 - 1|
 MULTIPLE = 16  # cuBLAS's FP8 GEMMs take sizes that are multiples of 16
@@ -66,7 +70,12 @@ QUICK = {
     "eval_every": 2,
     "validation_batches": 1,
 }
-COLOURS = {"FP32": "black", "simulated FP8": "tab:blue", "real FP8": "tab:orange"}
+COLOURS = {
+    "FP32": "black",
+    "simulated FP8": "tab:blue",
+    "real FP8": "tab:orange",
+    "real FP8 + attention": "tab:red",
+}
 
 
 @dataclass(frozen=True)
@@ -132,12 +141,13 @@ def make_model(config: Config, precision: str) -> tuple[nn.Module, Run]:
     run = Run(precision, History())
     if precision == "simulated FP8":
         model = simulate_fp8(model)  # a copy, with the same initial weights
-    elif precision == "real FP8":
+    elif precision in ("real FP8", "real FP8 + attention"):
         records = _Records()
         logger = logging.getLogger("unit_scaling.float8")
         logger.addHandler(records)
+        fp8 = Float8Config(attention=precision == "real FP8 + attention")
         try:
-            model = convert_to_float8_training(model)  # in place
+            model = convert_to_float8_training(model, config=fp8)  # in place
         finally:
             logger.removeHandler(records)
         run.warnings = records.messages
@@ -183,7 +193,7 @@ def gap(value: float, reference: float) -> float:
 
 
 def plot(config: Config, runs: dict[str, Run], path: Path) -> None:
-    """Loss curves of the three runs, and their validation gaps to FP32."""
+    """Loss curves of the runs, and their validation gaps to FP32."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -223,7 +233,7 @@ def plot(config: Config, runs: dict[str, Run], path: Path) -> None:
         ax.set_ylim(min(final) - 0.1, min(start, max(final) + 1.5) + 0.05)
 
     fp32 = runs["FP32"].history.validation_loss
-    for precision in ("simulated FP8", "real FP8"):
+    for precision in PRECISIONS[1:]:
         h = runs[precision].history
         bx.plot(
             h.eval_steps,
@@ -268,7 +278,7 @@ def plot(config: Config, runs: dict[str, Run], path: Path) -> None:
     fig.suptitle(
         f"u-μP decoder (width {config.width}, {config.layers} layers), "
         f"{config.steps} steps of {config.batch_size}×{config.seq_len} tokens: "
-        "FP32, simulated FP8, real FP8"
+        + ", ".join(PRECISIONS)
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -310,7 +320,11 @@ def report(config: Config, runs: dict[str, Run], seconds: float, jobs: int) -> s
                 precision,
                 f"{h.final_validation:.4f}",
                 f"{100 * vs_fp32[precision]:+.2f}%" if precision != "FP32" else "",
-                f"{100 * real_vs_sim:+.2f}%" if precision == "real FP8" else "",
+                (
+                    f"{100 * gap(final[precision], final['simulated FP8']):+.2f}%"
+                    if precision.startswith("real")
+                    else ""
+                ),
                 f"{tail_mean(h.train_loss):.4f}",
                 f"{h.tokens_per_second:,.0f}",
                 f"{h.seconds:.0f}",
@@ -332,6 +346,8 @@ def report(config: Config, runs: dict[str, Run], seconds: float, jobs: int) -> s
         ("real FP8", "simulated FP8", TARGET_VS_SIMULATED),
         ("real FP8", "FP32", TARGET_VS_FP32),
         ("simulated FP8", "FP32", None),
+        ("real FP8 + attention", "simulated FP8", None),
+        ("real FP8 + attention", "FP32", None),
     )
     check_rows, largest_gaps = [], []
     for name, reference, target in comparisons:
@@ -385,9 +401,10 @@ def report(config: Config, runs: dict[str, Run], seconds: float, jobs: int) -> s
 (width {config.width}, {plural(config.layers, "layer")}, {plural(config.heads, "head")},
 byte tokens of the built-in corpus) for {config.steps} steps of
 {config.batch_size}×{config.seq_len} tokens with `uu.optim.AdamW` at a constant
-learning rate of {config.lr:g} — {whose} — three times, from seed {config.seed} on
-the same batches: in FP32, in simulated FP8 (`simulate_fp8`) and in real FP8
-(`convert_to_float8_training`). Validation: {
+learning rate of {config.lr:g} — {whose} — four times, from seed {config.seed} on
+the same batches: in FP32, in simulated FP8 (`simulate_fp8`), in real FP8
+(`convert_to_float8_training`) and in real FP8 with attention's matrix products in
+FP8 too (`Float8Config(attention=True)`). Validation: {
         plural(config.validation_batches, "fixed batch", "fixed batches")
     } every {config.eval_every} steps.
 {timing_note(seconds, jobs)}.
@@ -401,11 +418,11 @@ the same batches: in FP32, in simulated FP8 (`simulate_fp8`) and in real FP8
 {results}
 
 This is one seed. On the way the gaps reach {noise:.2f}% (last column, and the
-plot): the three runs start from the same weights and read the same batches, but
+plot): the four runs start from the same weights and read the same batches, but
 their trajectories part as soon as rounding differs anywhere (FP8's, attention's
 precision, the order of a GEMM's sums), and at the demo's constant learning rate
 the validation loss wanders from one evaluation to the next. The final gaps are
-one sample of that wandering: they say the three runs end indistinguishably at
+one sample of that wandering: they say the runs end indistinguishably at
 this noise level, not that they differ by exactly that much.
 
 ![loss curves](real_fp8.png)
@@ -426,9 +443,15 @@ Stayed in high precision (float32) in the real-FP8 run: attention's two matrix
 products (QKᵀ and the attention-weighted sum of V, in
 `scaled_dot_product_attention`), the embedding lookup, the norms, softmax, the
 residual adds and the loss. Simulated FP8 rounds attention's inputs too (to E4M3,
-their gradients to E5M2), so the two FP8 runs differ there as well as in the
-order of the GEMMs' sums: in the linear layers they compute the same function
-(`tests/test_float8.py`).
+their gradients to E5M2), so the two differ there as well as in the order of the
+GEMMs' sums: in the linear layers they compute the same function
+(`tests/test_float8.py`). The "real FP8 + attention" run also runs attention's
+two products and their four gradient products on FP8 tensors
+(`unit_scaling.float8.scaled_dot_product_attention`: Q, K, V and 256·P in E4M3,
+the gradients in E5M2, the temperature and the output scale as dequantisation
+scales; softmax and the mask in float32), as the simulation rounds them. That
+attention is a reference, not a kernel: one `_scaled_mm` per sequence and head,
+the scores materialised; its tokens/s here say nothing about a GPU.
 
 On this CPU `torch._scaled_mm` is emulated: the FP8 operands are widened to
 float32 (their products are exact there) and summed in float32; a GPU sums them in

@@ -232,6 +232,15 @@ def test_a_unit_scaled_hf_model_converts_in_place() -> None:
         ({"output_dtype": torch.float8_e4m3fn}, ValueError),
         ({"unsupported_shapes": "drop"}, ValueError),
         ({"output": 1}, TypeError),
+        ({"attention": "yes"}, TypeError),
+        (  # attention's backward would be E5M2 x E5M2
+            {
+                "forward_dtype": torch.float8_e5m2,
+                "grad_weight": False,
+                "attention": True,
+            },
+            ValueError,
+        ),
     ],
 )
 def test_bad_config_is_refused(kwargs: dict[str, Any], error: type) -> None:
@@ -248,6 +257,15 @@ def test_bad_arguments_are_refused() -> None:
         float8.linear(torch.randn(4, 8), torch.randn(16, 4))
     with pytest.raises(TypeError, match="floating-point"):
         float8.linear(torch.ones(4, 16, dtype=torch.long), torch.randn(16, 16))
+    q = torch.randn(2, 16, 8)
+    with pytest.raises(ValueError, match="either attn_mask or is_causal"):
+        float8.scaled_dot_product_attention(
+            q, q, q, attn_mask=torch.ones(16, 16, dtype=torch.bool), is_causal=True
+        )
+    with pytest.raises(ValueError, match="head dimension"):
+        float8.scaled_dot_product_attention(q, q[..., :4], q)
+    with pytest.raises(TypeError, match="Float8Config"):
+        float8.scaled_dot_product_attention(q, q, q, config="fp8")  # type: ignore[arg-type]
 
 
 def test_the_cpu_onednn_workaround_is_still_needed() -> None:
@@ -270,3 +288,156 @@ def test_the_cpu_onednn_workaround_is_still_needed() -> None:
     with torch.backends.mkldnn.flags(enabled=False):
         fast = min(seconds() for _ in range(5))
     assert slow > 10 * fast, (slow, fast)
+
+
+# --------------------------------------------------------------------------- #
+# Attention in FP8 (Float8Config(attention=True)).
+# --------------------------------------------------------------------------- #
+
+
+def _attention_operands(heads: int = 4, kv_heads: int = 4) -> tuple[Tensor, ...]:
+    q = randn(2, heads, 48, 32, seed=11)
+    k, v = randn(2, kv_heads, 48, 32, seed=12), randn(2, kv_heads, 48, 32, seed=13)
+    return q, k, v, randn(2, heads, 48, 32, seed=14)
+
+
+def _run_attention(fn: Callable[..., Tensor], *operands: Tensor, **kwargs: Any) -> Any:
+    *inputs, g = operands
+    inputs = [t.detach().requires_grad_() for t in inputs]
+    y = fn(*inputs, **kwargs)
+    y.backward(g)
+    return (y.detach(), *(t.grad for t in inputs))
+
+
+def _simulated_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+    """What the FP8 attention computes, simulated in float32: Q, K, V and
+    256·P rounded to E4M3, the gradients of both products' outputs to E5M2."""
+    from unit_scaling.functional._scaling import attention_scales
+
+    temperature, c = attention_scales(
+        "test", q, k, v, None, 0.0, kwargs.get("is_causal", False), None, False, 1.0
+    )
+    e4m3, e5m2 = FP8_E4M3.quantise_fwd, FP8_E5M2.quantise_bwd
+    scores = e5m2(e4m3(q) @ e4m3(k).transpose(-2, -1) * temperature)
+    if kwargs.get("is_causal"):
+        allowed = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = e4m3(scores.softmax(-1) * 256) / 256
+    return e5m2(probs @ e4m3(v) * c)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_fp8_attention_equals_the_simulation(is_causal: bool) -> None:
+    operands = _attention_operands()
+    real = _run_attention(
+        float8.scaled_dot_product_attention, *operands, is_causal=is_causal
+    )
+    simulated = _run_attention(_simulated_attention, *operands, is_causal=is_causal)
+    for got, expected in zip(real, simulated, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "kv_heads"),
+    [
+        ({}, 4),
+        ({"is_causal": True}, 4),
+        ({"attn_mask": randn(48, 48, seed=15) > -0.5}, 4),
+        ({"attn_mask": torch.full((48, 48), -1e9).triu(1)}, 4),
+        ({"mult": 4.0, "is_causal": True}, 4),
+        ({"scale": 32**-0.5}, 4),
+        ({"enable_gqa": True, "is_causal": True}, 2),
+    ],
+    ids=["plain", "causal", "bool-mask", "float-mask", "mult", "scale", "gqa"],
+)
+def test_fp8_attention_is_the_unit_scaled_attention(
+    kwargs: dict[str, Any], kv_heads: int
+) -> None:
+    """The same function as ``U.scaled_dot_product_attention`` (every option),
+    up to FP8 rounding: output and gradients at least 20 and 18 dB."""
+    operands = _attention_operands(kv_heads=kv_heads)
+    real = _run_attention(float8.scaled_dot_product_attention, *operands, **kwargs)
+    exact = _run_attention(U.scaled_dot_product_attention, *operands, **kwargs)
+    assert sqnr(real[0], exact[0]) >= 20
+    for got, expected in zip(real[1:], exact[1:], strict=True):
+        assert sqnr(got, expected) >= 18
+
+
+def test_fp8_attention_keeps_unit_scale_under_dropout() -> None:
+    q, k, v = (
+        randn(8, 4, 128, 64, seed=21),
+        randn(8, 4, 128, 64, seed=22),
+        randn(8, 4, 128, 64, seed=23),
+    )
+    torch.manual_seed(0)
+    y = float8.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    exact = U.scaled_dot_product_attention(q, k, v)
+    assert y.std().item() == pytest.approx(exact.std().item(), rel=0.1)
+    assert (y == 0).float().mean() < 0.01  # dropout drops weights, not outputs
+
+
+def test_fp8_attention_compiles() -> None:
+    q, k, v, g = _attention_operands()
+    compiled = torch.compile(float8.scaled_dot_product_attention, fullgraph=True)
+    for got, expected in zip(
+        _run_attention(compiled, q, k, v, g, is_causal=True),
+        _run_attention(float8.scaled_dot_product_attention, q, k, v, g, is_causal=True),
+        strict=True,
+    ):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_fp8_attention_runs_no_amax() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        _run_attention(
+            float8.scaled_dot_product_attention, *_attention_operands(), is_causal=True
+        )
+    names = {e.name for e in prof.events()}
+    assert "aten::_scaled_mm" in names
+    assert not names & {"aten::amax", "aten::max", "aten::abs", "aten::norm"}
+
+
+def test_attention_is_converted_only_on_request() -> None:
+    torch.manual_seed(0)
+    exact = uu.TransformerDecoder(64, 256, layers=2, heads=4)
+    plain = uu.TransformerDecoder(64, 256, layers=2, heads=4)
+    convert_to_float8_training(plain)
+    assert type(plain.layers[0].mhsa) is uu.MHSA
+    config = Float8Config(attention=True)
+    real = convert_to_float8_training(
+        uu.TransformerDecoder(64, 256, layers=2, heads=4), config=config
+    )
+    assert isinstance(real.layers[0].mhsa, float8.Float8MHSA)
+    real.load_state_dict(exact.state_dict())
+    tokens = torch.randint(256, (4, 65), generator=torch.Generator().manual_seed(0))
+    assert sqnr(real(tokens), exact(tokens)) >= 18
+    plain.load_state_dict(exact.state_dict())
+    assert not torch.equal(real(tokens), plain(tokens))
+    egrads = _all_grads(exact, exact.loss(tokens))
+    grads = _all_grads(real, real.loss(tokens))
+    for name, expected in egrads.items():
+        if expected.dim() == 2:
+            assert sqnr(grads[name], expected) >= 17, name
+
+
+def test_attention_of_a_unit_scaled_hf_model_converts() -> None:
+    pytest.importorskip("transformers")
+    from unit_scaling.transforms import unit_scale
+    from unit_scaling.transforms._engine import transform_state
+    from unit_scaling.zoo import hf_model
+
+    torch.manual_seed(0)
+    scaled = unit_scale(hf_model("llama", hidden_size=64, vocab_size=256))
+    tokens = torch.randint(256, (2, 32), generator=torch.Generator().manual_seed(0))
+    before = scaled(input_ids=tokens).logits
+    convert_to_float8_training(scaled, config=Float8Config(attention=True))
+    after = scaled(input_ids=tokens).logits
+    state = transform_state(scaled)
+    assert state is not None
+    targets = {n.target for c in state.captures for n in c.graph_module.graph.nodes}
+    names = {getattr(t, "__name__", "") for t in targets}
+    assert {"float8_linear", "float8_scaled_dot_product_attention"} <= names
+    assert U.scaled_dot_product_attention not in targets
+    assert sqnr(after, before) >= 18

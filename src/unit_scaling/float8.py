@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
@@ -52,7 +53,8 @@ from ._torch_internals import (
 )
 from .constraints import apply_constraint
 from .functional._checks import check_linear_args, validate_constraint
-from .modules import Linear, LinearReadout
+from .functional._scaling import attention_scales
+from .modules import MHSA, Linear, LinearReadout
 from .transforms._engine import Place, Transform, extend_in_place, transform_state
 from .transforms._graph import example_value
 from .transforms._rules import UNIT_SCALED_FUNCTIONS
@@ -61,9 +63,11 @@ __all__ = [
     "Float8Config",
     "Float8Linear",
     "Float8LinearReadout",
+    "Float8MHSA",
     "convert_to_float8_training",
     "linear",
     "linear_readout",
+    "scaled_dot_product_attention",
 ]
 
 logger = logging.getLogger(__name__)
@@ -97,6 +101,11 @@ class Float8Config:
         fsdp_fp8_all_gather: under :func:`unit_scaling.parallel.fully_shard`,
             gather the weights in FP8 (a quarter of float32's bytes, cast with
             the static scale 1 before the all-gather: no amax all-reduce).
+        attention: run attention's matrix products in FP8 too (off by default:
+            they stay in high precision): :func:`scaled_dot_product_attention`
+            in place of the unit-scaled attention, for ``QKᵀ``, ``PV`` and their
+            four gradient products. The ``output``/``grad_*`` fields are the
+            linear layers' only.
 
     Example::
 
@@ -113,6 +122,7 @@ class Float8Config:
     save_fp8_inputs: bool = False
     unsupported_shapes: Literal["keep", "pad"] = "keep"
     fsdp_fp8_all_gather: bool = True
+    attention: bool = False
 
     def __post_init__(self) -> None:
         for name in ("forward_dtype", "gradient_dtype"):
@@ -122,14 +132,14 @@ class Float8Config:
                     f"Float8Config: {name} must be torch.float8_e4m3fn or "
                     f"torch.float8_e5m2, got {value!r}"
                 )
-        if (
-            self.forward_dtype == self.gradient_dtype == torch.float8_e5m2
-            and self.grad_weight
+        if self.forward_dtype == self.gradient_dtype == torch.float8_e5m2 and (
+            self.grad_weight or self.attention
         ):
             raise ValueError(
-                "Float8Config: the weight-gradient GEMM would be E5M2 x E5M2, which "
-                "cuBLAS does not run; use forward_dtype=torch.float8_e4m3fn or "
-                "grad_weight=False"
+                "Float8Config: the weight-gradient GEMM (and attention's backward) "
+                "would be E5M2 x E5M2, which cuBLAS does not run; use "
+                "forward_dtype=torch.float8_e4m3fn, or grad_weight=False and "
+                "attention=False"
             )
         if self.output_dtype is not None and not (
             isinstance(self.output_dtype, torch.dtype)
@@ -152,6 +162,7 @@ class Float8Config:
             "grad_weight",
             "save_fp8_inputs",
             "fsdp_fp8_all_gather",
+            "attention",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"Float8Config: {name} must be a bool")
@@ -322,6 +333,68 @@ class _Float8LinearFn(torch.autograd.Function):
         if has_bias and needs_bias:
             grad_bias = g.sum(0).mul_(beta_w)
         return grad_input, grad_weight, grad_bias, None, None, None
+
+
+# Attention's probabilities lie in [0, 1] (at most 1/(1-p) after dropout): cast
+# times 2^8, they keep E4M3's precision down to 2^-14 and never saturate (448).
+_PROBS_SCALE = 256.0
+
+
+def _batched_gemm(a: Tensor, b: Tensor, scale: float, out_dtype: torch.dtype) -> Tensor:
+    """``scale * (a[i] @ b[i])`` for FP8 ``a`` (n, m, k) and ``b`` (n, k, p): one
+    scaled GEMM per leading index (``_scaled_mm`` is two-dimensional), the inner
+    and output sizes padded with zeros to multiples of 16."""
+    size = b.shape[-1]
+    out = [
+        _gemm(_pad(a_i, 1), _column_major(_pad(_pad(b_i, 0), 1)), scale, out_dtype)
+        for a_i, b_i in zip(a.unbind(0), b.unbind(0), strict=True)
+    ]
+    return torch.stack(out)[..., :size]
+
+
+class _Float8MatmulFn(torch.autograd.Function):
+    """``y = scale (a @ b)`` over matching leading dimensions, in FP8: forward
+    ``E4M3(sa a) @ E4M3(sb b)`` dequantised by ``scale / (sa sb)``; backward
+    ``∂a = E5M2(g) @ E4M3(sb b)ᵀ · scale / sb`` and ``∂b = E4M3(sa a)ᵀ @ E5M2(g)
+    · scale / sa``. ``sa`` and ``sb`` are static; the FP8 operands are what is
+    saved for the backward pass."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        a: Tensor,
+        b: Tensor,
+        scales: tuple[float, float, float],
+        config: Float8Config,
+        out_dtype: torch.dtype,
+    ) -> Tensor:
+        scale, sa, sb = scales
+        batch = a.shape[:-2]
+        aq = _cast(a.reshape(-1, *a.shape[-2:]) * sa, config.forward_dtype)
+        bq = _cast(b.reshape(-1, *b.shape[-2:]) * sb, config.forward_dtype)
+        y = _batched_gemm(aq, bq, scale / (sa * sb), out_dtype)
+        ctx.save_for_backward(aq, bq)
+        ctx.scales, ctx.config = scales, config
+        ctx.dtypes = (a.dtype, b.dtype)
+        return y.reshape(*batch, *y.shape[-2:])
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:
+        aq, bq = ctx.saved_tensors
+        scale, sa, sb = ctx.scales
+        config: Float8Config = ctx.config
+        g = grad_output.reshape(-1, *grad_output.shape[-2:])
+        gq = _cast(g, config.gradient_dtype)
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:
+            bt = bq.transpose(1, 2).contiguous()
+            grad_a = _batched_gemm(gq, bt, scale / sb, ctx.dtypes[0])
+            grad_a = grad_a.reshape(*grad_output.shape[:-2], *aq.shape[-2:])
+        if ctx.needs_input_grad[1]:
+            at = aq.transpose(1, 2).contiguous()
+            grad_b = _batched_gemm(at, gq, scale / sa, ctx.dtypes[1])
+            grad_b = grad_b.reshape(*grad_output.shape[:-2], *bq.shape[-2:])
+        return grad_a, grad_b, None, None, None
 
 
 def _fp8(x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -513,6 +586,16 @@ def _gather_in_fp8(layer: nn.Module) -> None:
 # --------------------------------------------------------------------------- #
 
 
+def _check_config(op: str, config: Float8Config | None) -> Float8Config:
+    """``config``, or the default one; a ``TypeError`` naming ``op`` for anything
+    else."""
+    if config is None:
+        return Float8Config()
+    if not isinstance(config, Float8Config):
+        raise TypeError(f"{op}: config must be a Float8Config, got {config!r}")
+    return config
+
+
 def _output_dtype(input: Tensor, config: Float8Config) -> torch.dtype:
     if config.output_dtype is not None:
         return config.output_dtype
@@ -545,9 +628,7 @@ def linear(
         >>> round(y.std().item(), 1)
         1.0
     """
-    config = config if config is not None else Float8Config()
-    if not isinstance(config, Float8Config):
-        raise TypeError(f"float8.linear: config must be a Float8Config, got {config!r}")
+    config = _check_config("float8.linear", config)
     check_linear_args("float8.linear", input, weight, bias)
     if not (input.is_floating_point() and weight.is_floating_point()):
         raise TypeError(
@@ -591,6 +672,89 @@ def linear_readout(
         torch.Size([8, 256])
     """
     return linear(input, weight, bias, constraint, _READOUT_POWER, config=config)
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    mult: float = 1.0,
+    *,
+    config: Float8Config | None = None,
+) -> Tensor:
+    """:func:`unit_scaling.functional.scaled_dot_product_attention` with its
+    matrix products in FP8 (what ``Float8Config(attention=True)`` runs).
+
+    The same function and scales (temperature, output scale ``c`` from the
+    mask, GQA, dropout), computed explicitly: ``S = QKᵀ`` as FP8 GEMMs (E4M3 ×
+    E4M3, the temperature as the dequantisation scale), the mask and the
+    softmax in float32, then ``P V`` with ``P`` cast to E4M3 times the static
+    scale 256 (probabilities lie in ``[0, 1]``: no amax is needed for them
+    either). The backward products take the gradient in ``config``'s gradient
+    format. Not a fused kernel: one ``_scaled_mm`` per batch and head, and the
+    ``L × S`` scores are materialised; use it to measure FP8 attention's
+    numerics, not its speed.
+
+    Example::
+
+        >>> from unit_scaling import float8
+        >>> q, k, v = torch.randn(3, 4, 8, 256, 64).unbind(0)
+        >>> y = float8.scaled_dot_product_attention(q, k, v)
+        >>> round(y.std().item(), 1)
+        1.0
+    """
+    config = _check_config("float8.scaled_dot_product_attention", config)
+    temperature, c = attention_scales(
+        "float8.scaled_dot_product_attention",
+        query,
+        key,
+        value,
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        mult,
+    )
+    if enable_gqa and key.dim() >= 3 and key.shape[-3] != query.shape[-3]:
+        groups = query.shape[-3] // key.shape[-3]
+        key = key.repeat_interleave(groups, -3)
+        value = value.repeat_interleave(groups, -3)
+    shapes = (query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    batch = torch.broadcast_shapes(*shapes)  # type: ignore[no-untyped-call]
+    query = query.expand(*batch, *query.shape[-2:])
+    key = key.expand(*batch, *key.shape[-2:])
+    value = value.expand(*batch, *value.shape[-2:])
+    scores: Tensor = _Float8MatmulFn.apply(  # type: ignore[no-untyped-call]
+        query, key.transpose(-2, -1), (temperature, 1.0, 1.0), config, torch.float32
+    )
+    if is_causal:
+        length, keys = scores.shape[-2:]
+        allowed = torch.ones(length, keys, dtype=torch.bool, device=scores.device)
+        attn_mask = allowed.tril()
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, -math.inf)
+        else:
+            scores = scores + attn_mask
+    probs = scores.softmax(-1)
+    if dropout_p > 0:
+        probs = F.dropout(probs, dropout_p)
+    probs_scale = _PROBS_SCALE * max(1 - dropout_p, 1 / _PROBS_SCALE)
+    out_scale = c if isinstance(c, float) else 1.0
+    out: Tensor = _Float8MatmulFn.apply(  # type: ignore[no-untyped-call]
+        probs,
+        value,
+        (out_scale, probs_scale, 1.0),
+        config,
+        _output_dtype(query, config),
+    )
+    return out if isinstance(c, float) else out * c
 
 
 # --------------------------------------------------------------------------- #
@@ -648,6 +812,29 @@ class Float8LinearReadout(_Float8Layer, LinearReadout):
     _power = _READOUT_POWER
 
 
+class Float8MHSA(MHSA):
+    """A :class:`unit_scaling.MHSA` whose attention runs in FP8
+    (:func:`scaled_dot_product_attention`; made by
+    :func:`convert_to_float8_training` with ``Float8Config(attention=True)``).
+    Its projections are converted as any linear layer.
+
+    Example::
+
+        >>> config = Float8Config(attention=True)
+        >>> model = convert_to_float8_training(uu.MHSA(64, 4, True), config=config)
+        >>> type(model).__name__, model(torch.randn(2, 16, 64)).shape
+        ('Float8MHSA', torch.Size([2, 16, 64]))
+    """
+
+    float8_config: Float8Config
+
+    def _attention(self, *args: Any, **kwargs: Any) -> Tensor:
+        return scaled_dot_product_attention(*args, **kwargs, config=self.float8_config)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, float8"
+
+
 Filter = Callable[[nn.Module, str], bool]
 
 
@@ -680,6 +867,10 @@ def _float8_pass(config: Float8Config, keep: Filter | None, root: nn.Module) -> 
         U.linear: _bound(linear, config),
         U.linear_readout: _bound(linear_readout, config),
     }
+    if config.attention:
+        targets[U.scaled_dot_product_attention] = _bound(
+            scaled_dot_product_attention, config
+        )
 
     def run(gm: GraphModule) -> GraphModule:
         kept: list[str] = []
@@ -694,7 +885,10 @@ def _float8_pass(config: Float8Config, keep: Filter | None, root: nn.Module) -> 
                     owner = root
                 if not keep(owner, path):
                     continue
+            is_attention = node.target is U.scaled_dot_product_attention
             node.target = targets[node.target]
+            if is_attention:
+                continue
             weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
             shape = getattr(example_value(weight), "shape", None)
             keeps = config.unsupported_shapes == "keep"
@@ -720,16 +914,18 @@ def convert_to_float8_training(
     tags and hooks; in a model made by :func:`unit_scaling.transforms.unit_scale`
     the graph's ``U.linear`` calls run in FP8 from the next call on (after
     ``unit_scale``, before ``track_scales``; do not combine it with
-    ``simulate_fp8``). Attention's matrix products stay in high precision.
-    Convert before ``fully_shard``. A layer whose sizes are not multiples of 16
-    is kept in high precision (or padded, see :class:`Float8Config`) and named
-    in a warning.
+    ``simulate_fp8``). Attention's matrix products stay in high precision
+    unless ``config.attention`` asks for FP8: then each :class:`unit_scaling.MHSA`
+    becomes a :class:`Float8MHSA`, and the graph's unit-scaled attention calls
+    run :func:`scaled_dot_product_attention`. Convert before ``fully_shard``.
+    A layer whose sizes are not multiples of 16 is kept in high precision (or
+    padded, see :class:`Float8Config`) and named in a warning.
 
     Args:
         module: the model (changed in place).
         config: the FP8 formats and GEMMs (default :class:`Float8Config`).
-        module_filter_fn: ``fn(layer, fqn) -> bool``; only layers it accepts
-            are converted.
+        module_filter_fn: ``fn(layer, fqn) -> bool``; only layers (and
+            attention modules) it accepts are converted.
 
     Returns:
         ``module``.
@@ -745,11 +941,7 @@ def convert_to_float8_training(
             "convert_to_float8_training: module must be an nn.Module, got "
             f"{type(module).__name__}"
         )
-    config = config if config is not None else Float8Config()
-    if not isinstance(config, Float8Config):
-        raise TypeError(
-            f"convert_to_float8_training: config must be a Float8Config, got {config!r}"
-        )
+    config = _check_config("convert_to_float8_training", config)
     from torch.distributed.fsdp import FSDPModule
 
     if any(isinstance(m, FSDPModule) for m in module.modules()):
@@ -770,11 +962,12 @@ def convert_to_float8_training(
         return module
     kept = []
     for fqn, sub in module.named_modules():
-        if not isinstance(sub, Linear) or isinstance(
-            sub, (Float8Linear, Float8LinearReadout)
-        ):
-            continue
         if module_filter_fn is not None and not module_filter_fn(sub, fqn):
+            continue
+        if config.attention and type(sub) is MHSA:
+            sub.__class__ = Float8MHSA
+            object.__setattr__(sub, "float8_config", config)
+        if not isinstance(sub, Linear) or isinstance(sub, _Float8Layer):
             continue
         keeps = config.unsupported_shapes == "keep"
         if keeps and not fits(sub.in_features, sub.out_features):

@@ -17,7 +17,7 @@ def test_quick_run_writes_page_and_plot(
 ) -> None:
     experiment = load_experiment("real_fp8")
     runs = experiment.main(["--quick", "--jobs", "1", "--out", str(tmp_path)])
-    assert list(runs) == ["FP32", "simulated FP8", "real FP8"]
+    assert list(runs) == ["FP32", "simulated FP8", "real FP8", "real FP8 + attention"]
     for run in runs.values():
         history = run.history
         assert len(history.train_loss) == 4 and history.eval_steps == [0, 2, 4]
@@ -31,6 +31,7 @@ def test_quick_run_writes_page_and_plot(
     for name in runs:
         assert f"| {name} |" in page
     assert "| real FP8 vs simulated FP8 |" in page and "| real FP8 vs FP32 |" in page
+    assert "| real FP8 + attention vs simulated FP8 (for reference) |" in page
     assert "![loss curves](real_fp8.png)" in page
     assert "attention" in page
 
@@ -38,7 +39,7 @@ def test_quick_run_writes_page_and_plot(
 def test_the_runs_share_their_start(
     load_experiment: Callable[[str], ModuleType],
 ) -> None:
-    """Same seed, same weights: the three models start from one function."""
+    """Same seed, same weights: the models start from one function."""
     experiment = load_experiment("real_fp8")
     config = experiment.Config(quick=True)
     assert config.width == 32 and config.steps == 4

@@ -7,8 +7,10 @@ same for a convolution-like op, with its scales on the weight and bias.
 its result in the graph as a constant (the one place here that depends on how
 Dynamo traces);
 :func:`normal_expectation` integrates against the unit normal for scales that
-have no closed form. Scales are Python floats computed from shapes and arguments
-only: no tensor is read, so nothing syncs with the device.
+have no closed form; :func:`attention_scales` gives attention's temperature and
+output scale. Scales are Python floats computed from shapes and arguments only
+(attention's under a mask is a tensor computed on the device): no tensor is read,
+so nothing syncs with the device.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from torch import Tensor
 
 from .._twoway import scale_twoway
 from ..constraints import apply_constraint
+from ..core.functional import logarithmic_interpolation
 from ..scale import scale_bwd
+from ._checks import check_attention_args
 
 __all__ = [
     "memoise",
@@ -173,3 +177,46 @@ def sigmoid_of_log(z: float) -> float:
     Written without the logarithm so that ``z = 0`` gives weight 0.
     """
     return z / (1 + z)
+
+
+def attention_scales(
+    op: str,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+    mult: float,
+) -> tuple[float, float | Tensor]:
+    """The softmax temperature and the output scale ``c`` of the unit-scaled
+    attention (see :func:`unit_scaling.functional.scaled_dot_product_attention`),
+    after checking the arguments for ``op``."""
+    check_attention_args(
+        op, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, mult
+    )
+    d = query.shape[-1]
+    s = max(key.shape[-2], 1)
+    if scale is not None:
+        mult = mult * scale * d
+    w = sigmoid_of_log(mult**2 / (4 * d))
+    c: float | Tensor
+    if attn_mask is None:
+        spread = max(math.log(s), 1.0) if is_causal else 1.0
+        uniform_rms = math.sqrt(spread / s)
+        c = math.sqrt(1 - dropout_p) / logarithmic_interpolation(w, uniform_rms, 1.0)
+    else:
+        c = math.sqrt(1 - dropout_p) * _masked_uniform_rms(attn_mask) ** (w - 1)
+    return mult / d, c
+
+
+def _masked_uniform_rms(attn_mask: Tensor) -> Tensor:
+    """RMS of uniform attention under ``attn_mask``: ``sqrt(mean_i 1/n_i)``."""
+    if attn_mask.dtype == torch.bool:
+        allowed = attn_mask
+    else:
+        allowed = attn_mask > torch.finfo(attn_mask.dtype).min / 2
+    keys = allowed.sum(-1, dtype=torch.float32).clamp_min(1)
+    return keys.reciprocal().mean().sqrt()

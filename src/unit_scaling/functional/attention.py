@@ -7,49 +7,12 @@ unit-scaled attention costs the same as torch's (the fused kernels included).
 
 from __future__ import annotations
 
-import math
-
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..core.functional import logarithmic_interpolation
-from ._checks import check_mult
-from ._scaling import sigmoid_of_log
+from ._scaling import attention_scales
 
 __all__ = ["scaled_dot_product_attention"]
-
-
-def _check_attention_shapes(
-    query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool
-) -> None:
-    shapes = (
-        f"got query {tuple(query.shape)}, key {tuple(key.shape)} and value "
-        f"{tuple(value.shape)}"
-    )
-    if min(query.dim(), key.dim(), value.dim()) < 2:
-        raise ValueError(
-            "U.scaled_dot_product_attention: expected query (..., L, E), key "
-            f"(..., S, E) and value (..., S, Ev) with at least 2 dimensions; {shapes}"
-        )
-    if query.shape[-1] != key.shape[-1] or query.shape[-1] == 0:
-        raise ValueError(
-            "U.scaled_dot_product_attention: query and key must have the same, "
-            f"nonzero head dimension E (their last dimension); {shapes}"
-        )
-    if key.shape[-2] != value.shape[-2]:
-        raise ValueError(
-            "U.scaled_dot_product_attention: key and value must have the same "
-            f"sequence length S (their second-to-last dimension); {shapes}"
-        )
-    if enable_gqa and min(query.dim(), key.dim(), value.dim()) >= 3:
-        q_heads, k_heads, v_heads = query.shape[-3], key.shape[-3], value.shape[-3]
-        if k_heads != v_heads or k_heads == 0 or q_heads % k_heads != 0:
-            raise ValueError(
-                "U.scaled_dot_product_attention: with enable_gqa=True, key and value "
-                "must have the same number of heads (dimension -3), dividing the "
-                f"number of query heads; {shapes}"
-            )
 
 
 def scaled_dot_product_attention(
@@ -122,30 +85,18 @@ def scaled_dot_product_attention(
         >>> round(y.std().item(), 1)
         1.0
     """
-    check_mult("scaled_dot_product_attention", mult)
-    _check_attention_shapes(query, key, value, enable_gqa)
-    if not 0 <= dropout_p <= 1:
-        raise ValueError(
-            "U.scaled_dot_product_attention: dropout_p must be a probability "
-            f"between 0 and 1, got dropout_p={dropout_p!r}"
-        )
-    if scale is not None and not scale > 0:
-        raise ValueError(
-            "U.scaled_dot_product_attention: scale must be positive (it is read "
-            f"the softmax temperature), got scale={scale!r}"
-        )
-    d = query.shape[-1]
-    s = max(key.shape[-2], 1)
-    if scale is not None:
-        mult = mult * scale * d
-    w = sigmoid_of_log(mult**2 / (4 * d))
-    c: float | Tensor
-    if attn_mask is None:
-        spread = max(math.log(s), 1.0) if is_causal else 1.0
-        uniform_rms = math.sqrt(spread / s)
-        c = math.sqrt(1 - dropout_p) / logarithmic_interpolation(w, uniform_rms, 1.0)
-    else:
-        c = math.sqrt(1 - dropout_p) * _masked_uniform_rms(attn_mask) ** (w - 1)
+    temperature, c = attention_scales(
+        "U.scaled_dot_product_attention",
+        query,
+        key,
+        value,
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        mult,
+    )
     out = F.scaled_dot_product_attention(
         query,
         key,
@@ -153,17 +104,7 @@ def scaled_dot_product_attention(
         attn_mask=attn_mask,
         dropout_p=dropout_p,
         is_causal=is_causal,
-        scale=mult / d,
+        scale=temperature,
         enable_gqa=enable_gqa,
     )
     return out if isinstance(c, float) and c == 1 else out * c
-
-
-def _masked_uniform_rms(attn_mask: Tensor) -> Tensor:
-    """RMS of uniform attention under ``attn_mask``: ``sqrt(mean_i 1/n_i)``."""
-    if attn_mask.dtype == torch.bool:
-        allowed = attn_mask
-    else:
-        allowed = attn_mask > torch.finfo(attn_mask.dtype).min / 2
-    keys = allowed.sum(-1, dtype=torch.float32).clamp_min(1)
-    return keys.reciprocal().mean().sqrt()

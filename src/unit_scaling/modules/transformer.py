@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -117,7 +118,7 @@ class MHSA(nn.Module):
             .view(batch, seq, 3, self.heads, hidden // self.heads)
             .permute(2, 0, 3, 1, 4)
         )
-        attention = U.scaled_dot_product_attention(
+        attention = self._attention(
             q,
             k,
             v,
@@ -129,6 +130,10 @@ class MHSA(nn.Module):
             attention.transpose(1, 2).reshape(batch, seq, hidden)
         )
         return out
+
+    def _attention(self, *args: Any, **kwargs: Any) -> Tensor:
+        """The attention function (a subclass may run another one)."""
+        return U.scaled_dot_product_attention(*args, **kwargs)
 
     def extra_repr(self) -> str:
         return (
