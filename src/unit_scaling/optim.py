@@ -32,6 +32,7 @@ __all__ = [
     "AdamW",
     "LRScaleFunc",
     "MupTags",
+    "fan_in",
     "lr_scale_for_depth",
     "lr_scale_func_adam",
     "lr_scale_func_sgd",
@@ -86,7 +87,18 @@ def _require_tags(param: Tensor) -> ParameterData:
     return param
 
 
-def _fan_in(shape: torch.Size) -> int:
+def fan_in(shape: torch.Size | tuple[int, ...]) -> int:
+    """The fan-in u-μP's learning-rate rules use for a parameter of ``shape``.
+
+    ``shape[0]`` for a 1-D parameter (a bias or norm weight), ``shape[1]`` for a
+    2-D ``(out, in)`` weight and ``prod(shape[1:])`` for a 3-D to 5-D convolution
+    weight ``(out, in, *kernel)``; any other rank raises ``ValueError``.
+
+    Example::
+
+        >>> fan_in(torch.Size([32, 16, 3, 3]))
+        144
+    """
     if len(shape) == 1:
         return shape[0]
     if 2 <= len(shape) <= 5:  # (out, in) and conv weights (out, in, *kernel)
@@ -144,14 +156,14 @@ def lr_scale_func_adam(param: Tensor) -> float:
         0.25
     """
     tags = _require_tags(param)
-    scale = 1 / math.sqrt(_fan_in(param.shape)) if tags.mup_type == "weight" else 1.0
+    scale = 1 / math.sqrt(fan_in(param.shape)) if tags.mup_type == "weight" else 1.0
     return scale * lr_scale_for_depth(param)
 
 
 def _lr_scale_func_sgd_to_output_scale(param: Tensor) -> float:
     mup_type = _require_tags(param).mup_type
     if mup_type == "weight":
-        scale = math.sqrt(_fan_in(param.shape))
+        scale = math.sqrt(fan_in(param.shape))
     elif mup_type == "output":
         scale = 1.0
     else:
@@ -245,6 +257,11 @@ def _describe(name: str | None, group: int, index: int, param: Tensor) -> str:
     return f"parameter {where} (shape {tuple(param.shape)})"
 
 
+# The param-group keys scaled_parameters writes itself (a group passed in again
+# gets fresh values, not stale ones).
+_GROUP_KEYS_SET_HERE = ("params", "param_names", "lr", "weight_decay", "mup_lr_scale")
+
+
 def scaled_parameters(
     params: ParamsT,
     lr_scale_func: LRScaleFunc,
@@ -267,7 +284,10 @@ def scaled_parameters(
     or param-group dicts. A group's own ``lr``/``weight_decay`` override the
     arguments and its other settings are kept. A tensor ``lr`` stays a tensor (each
     group gets its own product); with a nonzero float ``weight_decay`` it is read
-    once here to compute the decay.
+    once here to compute the decay. A tagged parameter's group records its factor
+    ``lr_scale_func(p)`` under ``"mup_lr_scale"``, for
+    :func:`unit_scaling.analysis.optimizer_report`; an untagged one's has no such
+    key.
 
     Args:
         params: parameters, named parameters or param groups to scale.
@@ -311,7 +331,7 @@ def scaled_parameters(
         settings = {
             key: value
             for key, value in group.items()
-            if key not in ("params", "param_names", "lr", "weight_decay")
+            if key not in _GROUP_KEYS_SET_HERE
         }
         for i, (name, param) in enumerate(_group_members(group)):
             if tags is not None and name is None:
@@ -321,8 +341,10 @@ def scaled_parameters(
                     "module.named_parameters()"
                 )
             tagged = _tagged(param, name, tags)
+            recorded: dict[str, float] = {}
             if tagged is not None:
-                param_lr = base_lr * lr_scale_func(tagged)
+                recorded["mup_lr_scale"] = lr_scale_func(tagged)
+                param_lr = base_lr * recorded["mup_lr_scale"]
             elif allow_non_unit_scaling_params:
                 untagged.append(_describe(name, g, i, param))
                 # A product even here, so that no two groups share one lr tensor
@@ -344,7 +366,13 @@ def scaled_parameters(
             )
             member = param if name is None else (name, param)
             scaled.append(
-                {**settings, "params": [member], "lr": param_lr, "weight_decay": decay}
+                {
+                    **settings,
+                    "params": [member],
+                    "lr": param_lr,
+                    "weight_decay": decay,
+                    **recorded,
+                }
             )
     if untagged:
         warnings.warn(

@@ -313,6 +313,123 @@ def test_decoder_loss_rejects_bad_shapes(shape: tuple[int, ...]) -> None:
         model.loss(_ids(32, *shape))
 
 
+# --- TransformerDecoder: u-μP multipliers ----------------------------------------
+
+MULTIPLIERS = (
+    "embedding_mult",
+    "residual_mult",
+    "residual_attn_ratio",
+    "mhsa_mult",
+    "mlp_mult",
+    "readout_mult",
+    "loss_mult",
+)
+
+
+def _decoder(seed: int = 0, **kwargs: object) -> uu.TransformerDecoder:
+    torch.manual_seed(seed)
+    return uu.TransformerDecoder(16, 32, layers=2, heads=2, **kwargs)  # type: ignore[arg-type]
+
+
+def _loss_and_grads(model: nn.Module, ids: Tensor) -> tuple[Tensor, list[Tensor]]:
+    model.zero_grad()
+    loss = model.loss(ids)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def test_decoder_default_multipliers_change_nothing() -> None:
+    ids = _ids(32, 3, 9)
+    default = _decoder()
+    explicit_rule = _decoder(residual_scaling=uu.transformer_residual_scaling_rule())
+    all_ones = _decoder(**dict.fromkeys(MULTIPLIERS, 1.0))
+    assert all(getattr(default, name) == 1.0 for name in MULTIPLIERS)
+    assert default.extra_repr() == ""
+    expected = _loss_and_grads(explicit_rule, ids)
+    for model in (default, all_ones):
+        assert [lyr.mhsa_tau for lyr in model.layers] == [
+            lyr.mhsa_tau for lyr in explicit_rule.layers
+        ]
+        torch.testing.assert_close(model(ids), explicit_rule(ids), rtol=0, atol=0)
+        _assert_same(_loss_and_grads(model, ids), expected)
+
+
+def test_decoder_readout_mult_scales_the_logits_exactly() -> None:
+    ids = _ids(32, 3, 9)
+    with torch.no_grad():
+        logits = _decoder()(ids[:, :-1])
+        doubled = _decoder(readout_mult=2.0)(ids[:, :-1])
+        torch.testing.assert_close(doubled, 2 * logits, rtol=0, atol=0)
+        # In the loss, it is the same as the loss's own temperature.
+        torch.testing.assert_close(
+            _decoder(readout_mult=2.0).loss(ids),
+            _decoder(loss_mult=2.0).loss(ids),
+            rtol=0,
+            atol=0,
+        )
+    # The gradient is the true gradient of the multiplied logits: twice as large.
+    model, reference = _decoder(readout_mult=2.0), _decoder()
+    unit_backward(model(ids), seed=1)
+    unit_backward(reference(ids), seed=1)
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, 2 * q.grad)
+
+
+def test_decoder_embedding_mult_multiplies_the_embedding_output() -> None:
+    ids = _ids(32, 3, 9)
+    model = _decoder(embedding_mult=4.0)
+    reference = _decoder()
+    reference.embedding.register_forward_hook(lambda module, args, out: 4.0 * out)
+    _assert_same(_loss_and_grads(model, ids), _loss_and_grads(reference, ids))
+    with torch.no_grad():
+        logits, plain = model(ids), _decoder()(ids)
+        # The embedding outweighs the branches: the logits move away from the
+        # default model's, towards those of a model with no residual branches.
+        bypass = _decoder()
+        bypass.layers = nn.Sequential()
+        skip_only = bypass(ids)
+    assert not torch.equal(logits, plain)
+    assert (logits - skip_only).norm() < (plain - skip_only).norm()
+
+
+def test_decoder_residual_multipliers_build_the_rule() -> None:
+    mult, ratio = 2.0, 0.5
+    model = _decoder(residual_mult=mult, residual_attn_ratio=ratio)
+    rule = uu.transformer_residual_scaling_rule(mult, ratio)
+    for i, layer in enumerate(model.layers):
+        assert layer.mhsa_tau == rule(2 * i, 4)
+        assert layer.mlp_tau == rule(2 * i + 1, 4)
+    default = _decoder()
+    # residual_mult > 1 weighs every branch more against the embedding ...
+    heavier = _decoder(residual_mult=2.0)
+    for a, b in zip(heavier.layers, default.layers, strict=True):
+        assert a.mhsa_tau > b.mhsa_tau and a.mlp_tau > b.mlp_tau
+    # ... and residual_attn_ratio > 1 weighs attention more against the MLP.
+    attn = _decoder(residual_attn_ratio=2.0).layers[0]
+    assert attn.mhsa_tau > default.layers[0].mhsa_tau
+    assert attn.mlp_tau < default.layers[0].mlp_tau
+    ids = _ids(32, 3, 9)
+    with torch.no_grad():
+        assert not torch.equal(heavier(ids), default(ids))
+    assert model.extra_repr() == "residual_mult=2.0, residual_attn_ratio=0.5"
+
+
+def test_decoder_residual_multipliers_conflict_with_a_rule() -> None:
+    rule = uu.transformer_residual_scaling_rule(2.0)
+    with pytest.raises(ValueError, match=r"residual_scaling.*residual_mult=2\.0"):
+        _decoder(residual_scaling=rule, residual_mult=2.0)
+    with pytest.raises(ValueError, match=r"residual_attn_ratio=0\.5"):
+        _decoder(residual_scaling=rule, residual_attn_ratio=0.5)
+    assert _decoder(residual_scaling=rule).layers[0].mhsa_tau == rule(0, 4)
+
+
+@pytest.mark.parametrize("name", MULTIPLIERS)
+def test_decoder_rejects_bad_multipliers(name: str) -> None:
+    for value in (0.0, -1.0, math.inf, math.nan, True):
+        with pytest.raises(ValueError, match=f"{name} must be a positive, finite"):
+            _decoder(**{name: value})
+
+
 # --- TransformerDecoder: training, compile, autocast --------------------------------
 
 

@@ -18,6 +18,7 @@ Example::
 
 from .coord_check import coord_check, coord_check_spread, plot_coord_check
 from .dataframe import graph_to_dataframe
+from .optimizer import format_optimizer_report, optimizer_report
 from .plot import plot
 from .visualiser import example_batch, language_model_loss, scales_graph, visualiser
 
@@ -25,8 +26,10 @@ __all__ = [
     "coord_check",
     "coord_check_spread",
     "example_batch",
+    "format_optimizer_report",
     "graph_to_dataframe",
     "language_model_loss",
+    "optimizer_report",
     "plot",
     "plot_coord_check",
     "scales_graph",

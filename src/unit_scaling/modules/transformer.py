@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -265,15 +267,46 @@ class TransformerDecoder(nn.Module):
     model trains in FP8/FP16 without loss scaling; train it with
     :class:`unit_scaling.optim.AdamW` for u-μP learning rates.
 
+    The keyword-only multipliers are u-μP's tunable hyperparameters (the ones its
+    independent search sweeps; 1 is u-μP's default for each, and gives the model
+    its unit scale). Each is stored under its name; the residual ones and the two
+    temperatures are read when the model is built, so set them then.
+
     Args:
         hidden_size: model width.
         vocab_size: number of tokens.
         layers: number of transformer layers.
         heads: attention heads.
         dropout_p: dropout probability.
-        residual_scaling: see :class:`TransformerStack`.
-        mhsa_mult, mlp_mult: attention and gate temperatures.
-        loss_mult: logit multiplier of the loss (see :func:`U.cross_entropy`).
+        residual_scaling: a custom ``tau(index, branches)`` rule (see
+            :class:`TransformerStack`); by default
+            ``transformer_residual_scaling_rule(residual_mult, residual_attn_ratio)``.
+            Give this or the two residual multipliers, not both.
+        embedding_mult: multiplies the embedding's output in the forward pass
+            (μP's embedding multiplier); being a plain multiply, it multiplies the
+            embedding table's gradient too. u-μP's residual rule makes it largely
+            redundant with ``residual_mult``: both weigh the embedding against the
+            residual branches.
+        residual_mult: u-μP's α_res, the weight of every residual branch
+            relative to the embedding (the skip).
+        residual_attn_ratio: u-μP's α_res-attn-ratio, the weight of the
+            attention branches relative to the MLP ones.
+        mhsa_mult: u-μP's α_attn-softmax, the attention softmax temperature (see
+            :class:`MHSA`).
+        mlp_mult: u-μP's α_ffn-act, the temperature of the SwiGLU gate (see
+            :class:`MLP`).
+        readout_mult: multiplies the logits in the forward pass (μP's output
+            multiplier); being a plain multiply, it multiplies the gradients of
+            the readout's weight and input too. In the loss it acts as
+            ``loss_mult`` does (the loss depends on their product), but it also
+            scales the logits :meth:`forward` returns.
+        loss_mult: u-μP's α_loss-softmax, the softmax temperature of the loss: it
+            multiplies the logits inside :meth:`loss` only (see
+            :func:`U.cross_entropy`).
+
+    Raises:
+        ValueError: a multiplier that is not a positive, finite number, or
+            ``residual_scaling`` given together with a residual multiplier.
 
     Example::
 
@@ -284,6 +317,9 @@ class TransformerDecoder(nn.Module):
         torch.Size([2, 16, 256])
         >>> model.loss(tokens).shape
         torch.Size([])
+        >>> TransformerDecoder(64, 256, layers=2, heads=4, residual_mult=0.5,
+        ...                    readout_mult=2.0).extra_repr()
+        'residual_mult=0.5, readout_mult=2.0'
     """
 
     def __init__(
@@ -295,11 +331,44 @@ class TransformerDecoder(nn.Module):
         dropout_p: float = 0.0,
         residual_scaling: Callable[[int, int], float] | None = None,
         *,
+        embedding_mult: float = 1.0,
+        residual_mult: float = 1.0,
+        residual_attn_ratio: float = 1.0,
         mhsa_mult: float = 1.0,
         mlp_mult: float = 1.0,
+        readout_mult: float = 1.0,
         loss_mult: float = 1.0,
     ) -> None:
         super().__init__()
+        multipliers = {
+            "embedding_mult": embedding_mult,
+            "residual_mult": residual_mult,
+            "residual_attn_ratio": residual_attn_ratio,
+            "mhsa_mult": mhsa_mult,
+            "mlp_mult": mlp_mult,
+            "readout_mult": readout_mult,
+            "loss_mult": loss_mult,
+        }
+        _check_multipliers(multipliers)
+        if residual_scaling is None:
+            residual_scaling = transformer_residual_scaling_rule(
+                residual_mult, residual_attn_ratio
+            )
+        elif residual_mult != 1 or residual_attn_ratio != 1:
+            raise ValueError(
+                "TransformerDecoder: got both a residual_scaling rule and "
+                f"residual_mult={residual_mult!r}, "
+                f"residual_attn_ratio={residual_attn_ratio!r}; give one or the "
+                "other (a custom rule can take them itself, as "
+                "transformer_residual_scaling_rule(residual_mult, "
+                "residual_attn_ratio) does)"
+            )
+        self.embedding_mult = embedding_mult
+        self.residual_mult = residual_mult
+        self.residual_attn_ratio = residual_attn_ratio
+        self.mhsa_mult = mhsa_mult
+        self.mlp_mult = mlp_mult
+        self.readout_mult = readout_mult
         self.loss_mult = loss_mult
         self.embedding = Embedding(vocab_size, hidden_size)
         self.layers = TransformerStack(
@@ -317,8 +386,12 @@ class TransformerDecoder(nn.Module):
 
     def forward(self, input_ids: Tensor) -> Tensor:
         """Logits ``(batch, seq, vocab_size)`` for token ids ``(batch, seq)``."""
-        x = self.layers(self.embedding(input_ids))
-        logits: Tensor = self.projection(self.final_norm(x))
+        x = self.embedding(input_ids)
+        if self.embedding_mult != 1:  # skipped at 1: the default adds no op
+            x = x * self.embedding_mult
+        logits: Tensor = self.projection(self.final_norm(self.layers(x)))
+        if self.readout_mult != 1:
+            logits = logits * self.readout_mult
         return logits
 
     def loss(self, input_ids: Tensor) -> Tensor:
@@ -337,4 +410,26 @@ class TransformerDecoder(nn.Module):
         )
 
     def extra_repr(self) -> str:
-        return f"loss_mult={self.loss_mult}" if self.loss_mult != 1 else ""
+        # The temperatures show in the MHSA and MLP reprs.
+        shown = (
+            "embedding_mult",
+            "residual_mult",
+            "residual_attn_ratio",
+            "readout_mult",
+            "loss_mult",
+        )
+        return ", ".join(
+            f"{name}={getattr(self, name)}"
+            for name in shown
+            if getattr(self, name) != 1
+        )
+
+
+def _check_multipliers(multipliers: dict[str, float]) -> None:
+    for name, value in multipliers.items():
+        number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if not (number and 0 < value < math.inf):
+            raise ValueError(
+                f"TransformerDecoder: {name} must be a positive, finite number "
+                f"(a u-μP multiplier; 1 is the default), got {name}={value!r}"
+            )
