@@ -21,12 +21,20 @@ from .track_scales import (
     prune_selected_nodes,
     track_scales,
 )
-from .unit_scale import UnitScaleReport, unit_scale, unit_scale_report
+from .unit_scale import (
+    UnitScaleReport,
+    checkpoint_record,
+    load_checkpoint_record,
+    unit_scale,
+    unit_scale_report,
+)
 
 __all__ = [
     "Metrics",
     "UnitScaleReport",
+    "checkpoint_record",
     "compile",
+    "load_checkpoint_record",
     "prune_non_float_tensors",
     "prune_same_scale_tensors",
     "prune_selected_nodes",

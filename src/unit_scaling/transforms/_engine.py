@@ -587,10 +587,26 @@ def extend_in_place(module: nn.Module, transform: Transform) -> None:
     Raises:
         ValueError: if ``module`` is not transformed.
     """
+    _start_again(module, lambda config: config.then(transform))
+
+
+def recapture(module: nn.Module) -> None:
+    """Make the transformed ``module`` capture its graphs again at its next call
+    (its passes keep their state, as :func:`extend_in_place`'s do).
+
+    Raises:
+        ValueError: if ``module`` is not transformed.
+    """
+    _start_again(module, lambda config: config)
+
+
+def _start_again(
+    module: nn.Module, chain: Callable[[TransformConfig], TransformConfig]
+) -> None:
     previous = transform_state(module)
     if previous is None:
         raise ValueError(f"{type(module).__name__} is not a transformed module")
-    state = RunState.start(previous.config.then(transform), previous)
+    state = RunState.start(chain(previous.config), previous)
     object.__setattr__(module, _STATE_ATTR, state)
     object.__setattr__(module, "forward", TransformedForward(module, state))
     _bind_attributes(module, state)

@@ -115,15 +115,21 @@ def initialise(param: Tensor, role: str) -> str:
     return "kept"
 
 
-def unit_init_layers(module: nn.Module) -> set[int]:
-    """Initialise the parameters of torch's layers in ``module``; returns their ids."""
+def unit_init_layers(module: nn.Module, skip: set[int] | None = None) -> set[int]:
+    """Initialise the parameters of torch's layers in ``module`` but those whose
+    ids are in ``skip``; returns the ids of those initialised."""
     done: set[int] = set()
+    skip = skip or set()
     for name, sub in module.named_modules():
         weights, biases = _layer_weights(sub)
         for attrs, role in ((weights, "weight"), (biases, "bias")):
             for attr in attrs:
                 param = getattr(sub, attr, None)
-                if isinstance(param, Tensor) and id(param) not in done:
+                if (
+                    isinstance(param, Tensor)
+                    and id(param) not in done
+                    and id(param) not in skip
+                ):
                     done.add(id(param))
                     path = f"{name}.{attr}" if name else attr
                     message = (

@@ -22,6 +22,15 @@ from .._fx_names import module_path
 from .._torch_internals import fsdp_unsharded_parameters, pytree
 from ..core.functional import transformer_residual_scaling_rule
 from ..scale import scale_bwd
+from ._checkpoint import (
+    KEY,
+    Record,
+    decode,
+    encode,
+    key_to_text,
+    record_in_config,
+    write_to_config,
+)
 from ._consistency import scale_broadcast_gradients, unconstrain_consistently
 from ._dynamo import functorch_sections, is_functorch_internal
 from ._engine import (
@@ -30,6 +39,7 @@ from ._engine import (
     Place,
     Transform,
     apply_transform,
+    recapture,
     transform_state,
 )
 from ._gradients import (
@@ -85,6 +95,8 @@ from ._values import GraphValues, Kind, graph_values
 __all__ = [
     "UNIT_SCALED_FUNCTIONS",
     "UnitScaleReport",
+    "checkpoint_record",
+    "load_checkpoint_record",
     "unit_scale",
     "unit_scale_report",
 ]
@@ -526,9 +538,12 @@ class _UnitScalingPass(CapturePass):
         tags: dict[str, TagRecord] | None = None,
         branches: int | None = None,
         measured: dict[tuple[Any, ...], _Measured] | None = None,
+        cut_scales: dict[str, float] | None = None,
+        residual_name: str = "fixed",
     ) -> None:
         self.replace = replace
         self.residual_scaling = residual_scaling
+        self.residual_name = residual_name
         self.found: set[Any] = set()
         self.initialised: set[str] = set(initialised or ())
         # Calibrated parameter-gradient scales, by parameter name: measured at the
@@ -545,6 +560,11 @@ class _UnitScalingPass(CapturePass):
         self.residual_counts: dict[int, int] = {}
         # Region calibrations by what identifies them across captures.
         self.measured: dict[tuple[Any, ...], _Measured] = dict(measured or {})
+        # Gradient corrections at cut vertices, by what identifies a vertex
+        # across captures (as a region's calibration): measured once, so that a
+        # capture after a reload (or of another batch size) runs the same
+        # backward pass.
+        self.cut_scales: dict[str, float] = dict(cut_scales or {})
 
         self.constant_outputs: dict[int, frozenset[int]] = {}
 
@@ -557,7 +577,34 @@ class _UnitScalingPass(CapturePass):
             self.report.tags,
             self.branches,
             self.measured,
+            self.cut_scales,
+            self.residual_name,
         )
+
+    def record(self) -> Record:
+        """What this pass learned, as a checkpoint keeps it."""
+        return Record(
+            residual_scaling=self.residual_name,
+            initialised=set(self.initialised),
+            grad_scales=dict(self.grad_scales),
+            measured=dict(self.measured),
+            cut_scales=dict(self.cut_scales),
+        )
+
+    def restore(self, record: Record, where: str) -> None:
+        """Take ``record`` (of the weights the model now holds): every parameter
+        counts as initialised, and measured scales are reused, not measured."""
+        if record.residual_scaling != self.residual_name:
+            raise ValueError(
+                f"{where} was trained with unit_scale(residual_scaling="
+                f"{record.residual_scaling!r}), but this model was made with "
+                f"residual_scaling={self.residual_name!r}: the residual weights, "
+                "and so the function, would differ. Pass the same residual_scaling"
+            )
+        self.initialised.update(record.initialised)
+        self.grad_scales.update(record.grad_scales)
+        self.measured.update(record.measured)
+        self.cut_scales.update(record.cut_scales)
 
     def count_branches(self, state: Any) -> None:
         """After the first call: the residual branches of every graph it ran."""
@@ -623,6 +670,29 @@ class _UnitScalingPass(CapturePass):
             and n.target in _OURS
             and n.target is not scale_bwd
         ]
+        # A vertex's gradient depends on what is summed downstream of it (the
+        # tokens of a broadcast conditioning vector): keyed by the shapes of
+        # the graph's data inputs too, beyond their batch dimension.
+        inputs = [
+            n for n in graph.find_nodes(op="placeholder") if values.kind(n) is Kind.DATA
+        ]
+        seen: Counter[Any] = Counter()
+        keys = {
+            vertex: key_to_text(
+                _capture_key(
+                    module_path(vertex), _name(vertex), [vertex, *inputs], values, seen
+                )
+            )
+            for vertex in cuts
+        }
+        if not new and all(key in self.cut_scales for key in keys.values()):
+            # All measured at an earlier capture (or read from a checkpoint).
+            known = {
+                v: factor for v in cuts if (factor := self.cut_scales[keys[v]]) != 1
+            }
+            self._correct_cuts(graph, values, known)
+            self._report_grad_scales()
+            return
         measured = calibrate_gradients(gm, context, values, cuts)
         if isinstance(measured, str):
             logger.info("cannot calibrate gradients: %s", measured)
@@ -631,6 +701,11 @@ class _UnitScalingPass(CapturePass):
         position = {n: i for i, n in enumerate(graph.nodes)}
         corrections: dict[Node, float] = {}
         for vertex in reversed(cuts):
+            stored = self.cut_scales.get(keys[vertex])
+            if stored is not None:
+                if stored != 1:
+                    corrections[vertex] = stored
+                continue
             rms = measured.vertices.get(vertex)
             if rms is None:
                 continue
@@ -641,16 +716,9 @@ class _UnitScalingPass(CapturePass):
                 continue
             if not 1 / CUT_TOLERANCE <= rms <= CUT_TOLERANCE:
                 corrections[vertex] = rounded(1 / rms)
-        for vertex, factor in corrections.items():
-            values.record_like(scale_gradient(graph, vertex, factor), vertex)
-            logger.info(
-                "unit scaling gradient: %s (calibrated at a cut vertex: x%g)",
-                vertex,
-                factor,
-            )
-            self.report.ops.append(
-                OpRecord("gradient", "calibrated", module_path(vertex), f"x{factor:g}")
-            )
+        for vertex in cuts:
+            self.cut_scales.setdefault(keys[vertex], corrections.get(vertex, 1.0))
+        self._correct_cuts(graph, values, corrections)
         carried = compensate_parameters(
             graph, list(readable), corrections, ancestors, position
         )
@@ -672,12 +740,29 @@ class _UnitScalingPass(CapturePass):
                     factor,
                 )
             self.grad_scales[readable[node]] = factor
+        self._report_grad_scales()
+
+    def _report_grad_scales(self) -> None:
         records = self.report.parameters
         for i, record in enumerate(records):
             if record.name in self.grad_scales:
                 records[i] = dataclasses.replace(
                     record, grad_scale=self.grad_scales[record.name]
                 )
+
+    def _correct_cuts(
+        self, graph: Graph, values: GraphValues, corrections: dict[Node, float]
+    ) -> None:
+        for vertex, factor in corrections.items():
+            values.record_like(scale_gradient(graph, vertex, factor), vertex)
+            logger.info(
+                "unit scaling gradient: %s (calibrated at a cut vertex: x%g)",
+                vertex,
+                factor,
+            )
+            self.report.ops.append(
+                OpRecord("gradient", "calibrated", module_path(vertex), f"x{factor:g}")
+            )
 
     def _initialise_parameters(
         self, graph: Graph, values: GraphValues, context: CaptureContext
@@ -808,6 +893,7 @@ class _UnitScalingPass(CapturePass):
         scale_direct_parameter_gradients(graph, values)
         self._calibrate_gradients(gm, values, context, readable)
         self.constant_outputs[id(gm)] = _constant_outputs(graph, values)
+        write_to_config(context.module, encode(self.record()))
         left = [r for r in report.ops[before:] if r.how == "left as is"]
         if left:
             logger.warning(
@@ -841,6 +927,7 @@ def unit_scale(
     replace: dict[Callable[..., Any], Any] | None = None,
     *,
     residual_scaling: str | Callable[[int, int], float] = "fixed",
+    init_weights: bool | None = None,
 ) -> M:
     """Return a unit-scaled copy of ``module``.
 
@@ -871,7 +958,21 @@ def unit_scale(
 
     ``Linear``, ``Embedding``, convolution and ``MultiheadAttention`` weights are
     rescaled to unit standard deviation and their biases zeroed when
-    ``unit_scale`` is called.
+    ``unit_scale`` is called — unless the weights were trained unit-scaled (see
+    ``init_weights``).
+
+    **Checkpoints.** The result's ``state_dict()`` carries a record of what
+    ``unit_scale`` measured (calibrated scales, gradient corrections, which
+    parameters it initialised) in its metadata, under ``"unit_scaling"``; a
+    Hugging Face model also carries it in ``config.unit_scaling``, which
+    ``save_pretrained`` writes to ``config.json``. Loading such a state dict into
+    a ``unit_scale`` output (``load_state_dict``, or ``torch.load(...,
+    weights_only=True)`` first: the metadata survives), or calling
+    ``unit_scale`` on a model loaded by ``from_pretrained``, gives back the same
+    function: the trained weights are kept and the recorded scales reused. For
+    ``torch.distributed.checkpoint``, which keeps no metadata, save
+    :func:`checkpoint_record` beside the tensors and give it to
+    :func:`load_checkpoint_record` after loading them.
 
     Every parameter of the result carries **u-μP tags** (``mup_type``,
     ``mup_scaling_depth``), so ``uu.optim`` optimizers take its parameters as
@@ -903,6 +1004,14 @@ def unit_scale(
             depth-dependent weights) or a rule ``tau(index, branches)`` as
             :class:`unit_scaling.TransformerStack` takes. Branches are counted in
             each captured graph, in order.
+        init_weights: whether to initialise the weights for unit scale.
+            ``None`` (the default): yes, except for a model that records it was
+            trained unit-scaled (a Hugging Face config with a ``unit_scaling``
+            record: a checkpoint of a ``unit_scale`` output), whose weights and
+            recorded scales are kept, and parameters that already carry u-μP tags
+            (those of ``uu`` modules), which are unit-scaled by construction.
+            ``True``: initialise every weight (a record's scales are ignored).
+            ``False``: keep every weight as it is. The choice is logged.
 
     Example::
 
@@ -914,6 +1023,16 @@ def unit_scale(
     if not isinstance(module, nn.Module):
         raise TypeError(f"unit_scale expects an nn.Module, got {type(module).__name__}")
     rule = _residual_rule(residual_scaling)
+    if init_weights is not None and not isinstance(init_weights, bool):
+        raise TypeError(
+            "unit_scale: init_weights must be None, True or False, got "
+            f"{init_weights!r}"
+        )
+    found = record_in_config(module)
+    where = f"{type(module).__name__}.config.{KEY}"
+    record = (
+        decode(found, where) if found is not None and init_weights is not True else None
+    )
     for key, value in replace.items():
         if not callable(key) or not callable(value):
             raise TypeError(
@@ -942,7 +1061,9 @@ def unit_scale(
     transform = Transform(
         name="unit_scale",
         place=Place.REWRITE,
-        graph_pass=_UnitScalingPass(function_replacements, rule),
+        graph_pass=_UnitScalingPass(
+            function_replacements, rule, residual_name=_residual_name(residual_scaling)
+        ),
         non_recurse=(
             *UNIT_SCALED_FUNCTIONS,
             *function_replacements,
@@ -971,17 +1092,150 @@ def unit_scale(
             UserWarning,
             stacklevel=2,
         )
-    done = unit_init_layers(result)
     own_pass = state.pass_of(_UnitScalingPass)
+    params = list(result.named_parameters(remove_duplicate=False))
+    if record is not None:
+        own_pass.restore(record, where)
+    keep = _weights_to_keep(params, init_weights, record, type(module).__name__)
+    done = unit_init_layers(result, skip=keep)
     records = tag_structure(result)
-    for name, p in result.named_parameters(remove_duplicate=False):
+    for name, p in params:
         own_pass.report.tags[name] = records[id(p)]
     own_pass.initialised.update(
-        name
-        for name, p in result.named_parameters(remove_duplicate=False)
-        if id(p) in done
+        name for name, p in params if id(p) in done or id(p) in keep
     )
+    result.register_state_dict_post_hook(_save_record)  # type: ignore[no-untyped-call]
+    result.register_load_state_dict_pre_hook(_load_record)  # type: ignore[no-untyped-call]
     return result
+
+
+def _weights_to_keep(
+    params: list[tuple[str, nn.Parameter]],
+    init_weights: bool | None,
+    record: Record | None,
+    model: str,
+) -> set[int]:
+    """Ids of the parameters ``unit_scale`` leaves as they are (see its
+    ``init_weights``), with the choice logged."""
+    if init_weights is True:
+        logger.info("unit_scale: initialising every weight (init_weights=True)")
+        return set()
+    if init_weights is False or record is not None:
+        if record is not None:
+            logger.warning(
+                "unit_scale: %s records that it was trained unit-scaled (its "
+                "config's %r): keeping its weights and the recorded scales (pass "
+                "init_weights=True to initialise it again)",
+                model,
+                KEY,
+            )
+        else:
+            logger.info("unit_scale: keeping every weight (init_weights=False)")
+        return {id(p) for _, p in params}
+    tagged = {id(p) for _, p in params if getattr(p, "mup_type", None) is not None}
+    if tagged:
+        logger.info(
+            "unit_scale: keeping %d parameter(s) that carry u-μP tags (unit-scaled "
+            "by construction)",
+            len(tagged),
+        )
+    return tagged
+
+
+def _save_record(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, metadata: Any
+) -> None:
+    """State-dict hook: the record of what ``unit_scale`` measured, in the
+    state dict's metadata."""
+    state = transform_state(module)
+    unit_pass = state.pass_of(_UnitScalingPass) if state is not None else None
+    if unit_pass is not None:
+        metadata[KEY] = encode(unit_pass.record())
+
+
+def _load_record(
+    module: nn.Module,
+    state_dict: dict[str, Any],
+    prefix: str,
+    metadata: Any,
+    *args: Any,
+) -> None:
+    """Load-state-dict hook: take the record of the state dict being loaded (the
+    weights it holds were trained unit-scaled), and capture again at the next
+    call if this model has run already."""
+    found = metadata.get(KEY) if isinstance(metadata, dict) else None
+    if found is not None:
+        load_checkpoint_record(module, found)
+
+
+def _unit_pass(module: nn.Module, op: str) -> _UnitScalingPass:
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"{op}: expected an nn.Module, got {type(module).__name__}")
+    state = transform_state(module)
+    unit_pass = state.pass_of(_UnitScalingPass) if state is not None else None
+    if unit_pass is None:
+        raise ValueError(
+            f"{op}: {type(module).__name__} was not made by unit_scale (a native "
+            "uu model needs no record: its state dict is all there is)"
+        )
+    assert isinstance(unit_pass, _UnitScalingPass)
+    return unit_pass
+
+
+def checkpoint_record(module: nn.Module) -> dict[str, Any]:
+    """What ``unit_scale`` measured for ``module``, as plain JSON data.
+
+    ``module.state_dict()`` carries it in its metadata already (and a Hugging
+    Face model in ``config.unit_scaling``); this is for checkpoints that keep
+    no metadata, such as ``torch.distributed.checkpoint``: save it beside the
+    state dict (as JSON text there: ``json.dumps(checkpoint_record(model))``,
+    which DCP stores as one object) and give it to :func:`load_checkpoint_record`
+    after loading.
+
+    Example::
+
+        >>> model = unit_scale(nn.Sequential(nn.Linear(16, 16), nn.GELU()))
+        >>> _ = model(torch.randn(4, 16))
+        >>> checkpoint_record(model)["format"]
+        1
+    """
+    return encode(_unit_pass(module, "checkpoint_record").record())
+
+
+def load_checkpoint_record(module: nn.Module, record: dict[str, Any]) -> None:
+    """Give ``module`` (a ``unit_scale`` output holding trained weights) the
+    ``record`` :func:`checkpoint_record` made: its parameters are not
+    initialised again and the recorded scales are reused, so it computes the
+    function the checkpointed model computed. A model that has run already
+    captures its graphs again at its next call.
+
+    Raises:
+        ValueError: if ``module`` is not a ``unit_scale`` output, if ``record``
+            is not a record, or if it was made with another ``residual_scaling``.
+
+    Example::
+
+        >>> trained = unit_scale(nn.Sequential(nn.Linear(16, 16), nn.GELU()))
+        >>> x = torch.randn(4, 16)
+        >>> y = trained(x)
+        >>> again = unit_scale(nn.Sequential(nn.Linear(16, 16), nn.GELU()))
+        >>> _ = again.load_state_dict(dict(trained.state_dict()))  # no metadata
+        >>> load_checkpoint_record(again, checkpoint_record(trained))
+        >>> torch.equal(again(x), y)
+        True
+    """
+    unit_pass = _unit_pass(module, "load_checkpoint_record")
+    unit_pass.restore(decode(record, "load_checkpoint_record"), "the record")
+    state = transform_state(module)
+    if state is not None and state.calls:
+        recapture(module)
+
+
+def _residual_name(residual_scaling: str | Callable[[int, int], float]) -> str:
+    """How a checkpoint's record names ``residual_scaling``."""
+    if callable(residual_scaling):
+        return "custom"
+    return "u-μP" if residual_scaling == "u-muP" else residual_scaling
 
 
 def _residual_rule(
