@@ -1,5 +1,6 @@
-"""What ``fp8_training.py`` and ``lr_transfer.py`` share: models, the training
-loop, and running many independent training runs on all CPU cores.
+"""What the experiments share: models, the training loop (with the sweeps'
+schedule and validation set, :mod:`unit_scaling.app.sweep`), and running many
+independent training runs on all CPU cores.
 
 Every run builds its model from a fixed seed, reads the same training batches in
 the same order and uses one CPU thread, so a run's numbers do not depend on how
@@ -9,12 +10,13 @@ many runs share the machine (``--jobs``).
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import multiprocessing
 import os
 import textwrap
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,7 +27,9 @@ from torch import Tensor, nn
 import unit_scaling as uu
 from unit_scaling.app import training
 from unit_scaling.app.baseline import StandardTransformerDecoder
-from unit_scaling.data import VOCAB_SIZE, Corpus
+from unit_scaling.app.sweep import validation_set as validation_set  # (re-exported)
+from unit_scaling.app.sweep import warmup_cosine
+from unit_scaling.data import VOCAB_SIZE
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "results"
 HEAD_SIZE = 32
@@ -34,42 +38,39 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def make_model(parametrisation: str, width: int, layers: int, seed: int) -> nn.Module:
-    """The decoder of the demo: SP (GPT-2 init) or u-μP, head size 32."""
-    torch.manual_seed(seed)
+def model_factory(
+    parametrisation: str, width: int, layers: int
+) -> Callable[..., nn.Module]:
+    """``factory(**multipliers)``: the decoder of the demo, SP (GPT-2 init; no
+    multipliers) or u-μP, head size 32; picklable, for a sweep's processes."""
     heads = max(1, width // HEAD_SIZE)
+    sizes = dict(vocab_size=VOCAB_SIZE, layers=layers, heads=heads)
     if parametrisation == "u-μP":
-        return uu.TransformerDecoder(width, VOCAB_SIZE, layers, heads)
+        return functools.partial(uu.TransformerDecoder, hidden_size=width, **sizes)
     if parametrisation == "SP":
-        return StandardTransformerDecoder(width, VOCAB_SIZE, layers, heads)
+        return functools.partial(StandardTransformerDecoder, hidden_size=width, **sizes)
     raise ValueError(f"parametrisation must be one of {PARAMETRISATIONS}")
+
+
+def make_model(parametrisation: str, width: int, layers: int, seed: int) -> nn.Module:
+    """The decoder of :func:`model_factory`, built from ``seed``."""
+    torch.manual_seed(seed)
+    return model_factory(parametrisation, width, layers)()
+
+
+def optimizer_factory(parametrisation: str) -> Callable[..., torch.optim.Optimizer]:
+    """``optimizer(params, lr=lr)``: AdamW without weight decay, with u-μP's
+    per-tensor lr rules or torch's one lr."""
+    if parametrisation == "u-μP":
+        return uu.optim.AdamW
+    return functools.partial(torch.optim.AdamW, weight_decay=0.0)
 
 
 def make_optimizer(
     parametrisation: str, model: nn.Module, lr: float
 ) -> torch.optim.Optimizer:
-    """AdamW without weight decay: u-μP's per-tensor lr rules, or torch's one lr."""
-    if parametrisation == "u-μP":
-        return uu.optim.AdamW(model.parameters(), lr=lr)
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-
-
-def lr_factor(step: int, steps: int, warmup: int) -> float:
-    """Linear warmup over ``warmup`` steps, then cosine decay to 10% at ``steps``."""
-    if step <= warmup:
-        return step / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
-
-
-def validation_set(
-    corpus: Corpus, batches: int, batch_size: int, seq_len: int
-) -> list[Tensor]:
-    """A fixed validation set: the same ``batches`` batches for every run."""
-    return [
-        corpus.get_batch("validation", batch_size, seq_len, generator=i)
-        for i in range(batches)
-    ]
+    """The optimizer of :func:`optimizer_factory` for ``model``."""
+    return optimizer_factory(parametrisation)(model.parameters(), lr=lr)
 
 
 @dataclass
@@ -103,7 +104,7 @@ def train(
     eval_every: int = 0,
 ) -> Curve:
     """The package's training loop (:func:`unit_scaling.app.training.train`)
-    with the experiments' learning-rate schedule (:func:`lr_factor`) and no
+    with the sweeps' learning-rate schedule (:func:`warmup_cosine`) and no
     progress bar: ``steps`` optimizer steps of ``accumulate`` micro-batches
     each, ``loss_scale`` as there; the validation loss is measured every
     ``eval_every`` steps (0: only at the start and the end)."""
@@ -116,7 +117,7 @@ def train(
         validation,
         eval_every,
         progress=False,
-        schedule=lambda step: lr_factor(step, steps, warmup),
+        schedule=lambda step: warmup_cosine(step, steps, warmup),
         accumulate=accumulate,
         loss_scale=loss_scale,
     )
@@ -126,6 +127,59 @@ def train(
         history.validation_loss,
         history.seconds,
     )
+
+
+def optimum(losses: Mapping[float, float]) -> tuple[float, float]:
+    """The grid optimum (log2 lr) and a sub-grid estimate: the vertex of the
+    parabola through it and its two neighbours, in log2 lr."""
+    finite = {k: v for k, v in losses.items() if math.isfinite(v)}
+    best = min(finite, key=finite.__getitem__)
+    left, right = finite.get(best - 1), finite.get(best + 1)
+    if left is None or right is None:
+        return best, float(best)
+    curvature = left - 2 * finite[best] + right
+    if curvature <= 0:
+        return best, float(best)
+    return best, best + (left - right) / (2 * curvature)
+
+
+def plot_lr_curves(
+    ax: Any, losses: Mapping[int, Mapping[float, float]], cap: float
+) -> None:
+    """On ``ax``, validation loss against log2 lr, one curve per width (narrow
+    to wide, dark to light), each optimum starred; losses above ``cap`` are
+    drawn at ``cap`` as ▲ and diverged runs as ×."""
+    import matplotlib
+
+    colours = matplotlib.colormaps["viridis"]
+    widths = sorted(losses)
+    for i, width in enumerate(widths):
+        colour = colours(i / max(1, len(widths) - 1) * 0.9)
+        row = losses[width]
+        xs = sorted(row)
+        ys = [min(row[x], cap) if math.isfinite(row[x]) else cap for x in xs]
+        ax.plot(xs, ys, "o-", color=colour, markersize=4, label=f"width {width}")
+        above = [x for x in xs if row[x] >= cap and math.isfinite(row[x])]
+        diverged = [x for x in xs if not math.isfinite(row[x])]
+        ax.plot(above, [cap] * len(above), "^", color=colour, markersize=7)
+        ax.plot(
+            diverged,
+            [cap] * len(diverged),
+            "x",
+            color=colour,
+            markersize=10,
+            markeredgewidth=2.5,
+        )
+        best, _ = optimum(row)
+        ax.plot(
+            best,
+            row[best],
+            "*",
+            color=colour,
+            markersize=17,
+            markeredgecolor="k",
+            zorder=5,
+        )
 
 
 def _one_thread(fn: Callable[[T], R], task: T) -> R:

@@ -28,6 +28,8 @@ from _common import (
     make_model,
     make_optimizer,
     markdown_table,
+    optimum,
+    plot_lr_curves,
     reflow,
     run_all,
     run_parser,
@@ -88,20 +90,6 @@ def train_one(args: tuple[Config, Task]) -> Curve:
 Losses = dict[str, dict[int, dict[int, float]]]  # parametrisation -> width -> log2 lr
 
 
-def optimum(losses: dict[int, float]) -> tuple[int, float]:
-    """The grid optimum (log2 lr) and a sub-grid estimate: the vertex of the
-    parabola through it and its two neighbours, in log2 lr."""
-    finite = {k: v for k, v in losses.items() if math.isfinite(v)}
-    best = min(finite, key=finite.__getitem__)
-    left, right = finite.get(best - 1), finite.get(best + 1)
-    if left is None or right is None:
-        return best, float(best)
-    curvature = left - 2 * finite[best] + right
-    if curvature <= 0:
-        return best, float(best)
-    return best, best + (left - right) / (2 * curvature)
-
-
 def shift(losses: Losses, parametrisation: str) -> tuple[int, int]:
     """(largest minus smallest grid optimum across widths, optimum at the widest
     width minus at the narrowest), in grid steps."""
@@ -117,7 +105,6 @@ def plot(config: Config, losses: Losses, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
-    colours = plt.get_cmap("viridis")
     finite = [
         v
         for p in losses.values()
@@ -127,36 +114,7 @@ def plot(config: Config, losses: Losses, path: Path) -> None:
     ]
     floor = min(finite)
     for ax, parametrisation in zip(axes, PARAMETRISATIONS, strict=True):
-        for i, width in enumerate(config.widths):
-            colour = colours(i / max(1, len(config.widths) - 1) * 0.9)
-            row = losses[parametrisation][width]
-            xs = sorted(row)
-            ys = [
-                min(row[x], config.cap) if math.isfinite(row[x]) else config.cap
-                for x in xs
-            ]
-            ax.plot(xs, ys, "o-", color=colour, markersize=4, label=f"width {width}")
-            above = [x for x in xs if row[x] >= config.cap]
-            diverged = [x for x in xs if not math.isfinite(row[x])]
-            ax.plot(above, [config.cap] * len(above), "^", color=colour, markersize=7)
-            ax.plot(
-                diverged,
-                [config.cap] * len(diverged),
-                "x",
-                color=colour,
-                markersize=10,
-                markeredgewidth=2.5,
-            )
-            best, _ = optimum(row)
-            ax.plot(
-                best,
-                row[best],
-                "*",
-                color=colour,
-                markersize=17,
-                markeredgecolor="k",
-                zorder=5,
-            )
+        plot_lr_curves(ax, losses[parametrisation], config.cap)
         spread, _ = shift(losses, parametrisation)
         name = (
             "SP (GPT-2 init, torch AdamW)"

@@ -6,6 +6,8 @@ Subcommands:
   built-in corpus; writes plots and a report (see :mod:`unit_scaling.app.demo`).
 - ``report MODEL``: the tensor scales of a model before and after ``unit_scale``
   (see :mod:`unit_scaling.app.report`).
+- ``sweep``: u-μP's independent hyperparameter search on a small proxy decoder,
+  resumable (see :mod:`unit_scaling.app.sweep`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import demo, report
+from . import demo, report, sweep
 
 __all__ = ["main"]
 
@@ -28,11 +30,16 @@ def _report(args: argparse.Namespace) -> None:
         print(f"wrote {path}")
 
 
+def _sweep(args: argparse.Namespace) -> None:
+    sweep.run_command(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; returns the exit status."""
     parser = argparse.ArgumentParser(
         prog="unit-scaling",
-        description="Unit scaling and u-μP for PyTorch: demo and scale reports.",
+        description="Unit scaling and u-μP for PyTorch: demo, scale reports and "
+        "u-μP's hyperparameter search.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     demo_parser = commands.add_parser(
@@ -48,6 +55,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     report.add_arguments(report_parser)
     report_parser.set_defaults(handler=_report)
+    sweep_parser = commands.add_parser(
+        "sweep",
+        help="u-μP's independent search: the learning rate, then each multiplier "
+        "of a small uu.TransformerDecoder; resumable; writes best.json and a plot",
+    )
+    sweep.add_arguments(sweep_parser)
+    sweep_parser.set_defaults(handler=_sweep)
     args = parser.parse_args(argv)
     try:
         args.handler(args)
