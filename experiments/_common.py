@@ -284,3 +284,23 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     ]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def lr_table(losses: dict[int, dict[float, float]], grid: tuple[int, ...]) -> str:
+    """Validation loss by width (rows) and log2 learning rate (columns), the
+    optimum in bold, with the optimum and the parabola-fitted optimum."""
+    rows = []
+    for width, row in sorted(losses.items()):
+        best, fitted = optimum(row)
+        cells = [
+            "diverged"
+            if not math.isfinite(row[x])
+            else f"**{row[x]:.3f}**"
+            if x == best
+            else f"{row[x]:.3f}"
+            for x in grid
+        ]
+        rows.append((width, *cells, f"2^{best:g}", f"2^{fitted:.2f}"))
+    return markdown_table(
+        ("width", *(f"2^{x}" for x in grid), "optimum", "fitted"), rows
+    )

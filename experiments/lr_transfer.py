@@ -25,9 +25,9 @@ import torch
 from _common import (
     PARAMETRISATIONS,
     Curve,
+    lr_table,
     make_model,
     make_optimizer,
-    markdown_table,
     optimum,
     plot_lr_curves,
     reflow,
@@ -144,24 +144,7 @@ def report(config: Config, losses: Losses, seconds: float, jobs: int) -> str:
     sections = []
     for parametrisation in PARAMETRISATIONS:
         xs = config.log2_lrs(parametrisation)
-        rows = []
-        for width in config.widths:
-            row = losses[parametrisation][width]
-            best, fitted = optimum(row)
-            cells = [
-                (
-                    "diverged"
-                    if not math.isfinite(row[x])
-                    else f"**{row[x]:.3f}**"
-                    if x == best
-                    else f"{row[x]:.3f}"
-                )
-                for x in xs
-            ]
-            rows.append((width, *cells, f"2^{best}", f"2^{fitted:.2f}"))
-        table = markdown_table(
-            ("width", *(f"2^{x}" for x in xs), "optimum", "fitted"), rows
-        )
+        table = lr_table({w: losses[parametrisation][w] for w in config.widths}, xs)
         spread, drift = shift(losses, parametrisation)
         edges = [
             w

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from _common import (
+    lr_table,
     markdown_table,
     model_factory,
     optimizer_factory,
@@ -345,24 +346,6 @@ def plot(results: Results, path: Path) -> None:
     plt.close(fig)
 
 
-def _lr_table(losses: dict[int, dict[float, float]], grid: tuple[int, ...]) -> str:
-    rows = []
-    for width, row in sorted(losses.items()):
-        best, fitted = optimum(row)
-        cells = [
-            "diverged"
-            if not math.isfinite(row[x])
-            else f"**{row[x]:.3f}**"
-            if x == best
-            else f"{row[x]:.3f}"
-            for x in grid
-        ]
-        rows.append((width, *cells, f"2^{best:g}", f"2^{fitted:.2f}"))
-    return markdown_table(
-        ("width", *(f"2^{x}" for x in grid), "optimum", "fitted"), rows
-    )
-
-
 def _core_minutes(runs: set[Run]) -> float:
     return sum(run.seconds for run in runs) / 60
 
@@ -476,11 +459,11 @@ Validation loss by width (rows) and learning rate (columns), optimum in bold;
 
 ### u-μP, multipliers found at width {proxy}
 
-{_lr_table(results.losses(SIDES[1]), config.umup_lrs)}
+{lr_table(results.losses(SIDES[1]), config.umup_lrs)}
 
 ### SP
 
-{_lr_table(results.losses(SIDES[0]), config.sp_lrs)}
+{lr_table(results.losses(SIDES[0]), config.sp_lrs)}
 
 ## Seeds at each side's chosen point
 
