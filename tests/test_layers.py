@@ -36,7 +36,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     ),
     "ops": ("functional", "formats", "data"),
     "library": ("parameter", "modules", "optim", "parallel"),
-    "transforms": ("transforms", "float8"),
+    "transforms": ("transforms", "float8", "export"),
     "analysis": ("analysis", "utils", "zoo"),
     "application": ("app", "__main__"),
 }

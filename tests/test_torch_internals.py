@@ -134,3 +134,24 @@ def test_onednn_flag_is_the_public_one() -> None:
 
 def test_disabled_torch_function_is_torchs() -> None:
     assert internals.disabled_torch_function is torch._C._disabled_torch_function_impl
+
+
+def test_state_dict_hooks_of_a_package_are_dropped() -> None:
+    from unit_scaling._torch_internals import drop_state_dict_hooks
+
+    def ours(*args: object) -> None:
+        raise AssertionError("dropped hooks must not run")
+
+    def theirs(*args: object) -> None:
+        calls.append(1)
+
+    calls: list[int] = []
+    ours.__module__ = theirs.__module__ = "unit_scaling.somewhere"
+    module = nn.Linear(2, 2)
+    module.register_state_dict_post_hook(ours)  # type: ignore[no-untyped-call]
+    module.register_load_state_dict_pre_hook(ours)  # type: ignore[no-untyped-call]
+    theirs.__module__ = "elsewhere"
+    module.register_state_dict_post_hook(theirs)  # type: ignore[no-untyped-call]
+    assert drop_state_dict_hooks(module, "unit_scaling") == 2
+    module.load_state_dict(module.state_dict())
+    assert calls == [1]

@@ -156,3 +156,18 @@ try:
     from torch._C._distributed_c10d import GradBucket
 except ImportError:  # pragma: no cover - every Linux wheel has distributed
     GradBucket = None  # type: ignore[assignment,misc]
+
+
+def drop_state_dict_hooks(module: nn.Module, package: str) -> int:
+    """Remove from ``module`` (itself, not its children) the state-dict and
+    load-state-dict hooks defined in ``package``'s modules; returns how many.
+    torch keeps them in private dicts (a load pre-hook wrapped in
+    ``_WrappedHook``, whose ``hook`` is the function)."""
+    removed = 0
+    for hooks in (module._state_dict_hooks, module._load_state_dict_pre_hooks):
+        for key, hook in list(hooks.items()):
+            function = getattr(hook, "hook", hook)
+            if getattr(function, "__module__", "").startswith(package + "."):
+                del hooks[key]
+                removed += 1
+    return removed
