@@ -258,11 +258,12 @@ def timing_note(seconds: float, jobs: int) -> str:
 
 
 def reflow(markdown: str, width: int = 88) -> str:
-    """Re-wrap the plain paragraphs of ``markdown`` (not tables, lists, headings
-    or images) after numbers have been substituted into them."""
+    """Re-wrap the plain paragraphs of ``markdown`` (not tables, lists, headings,
+    images or code blocks, which must hold no blank line) after numbers have been
+    substituted into them."""
     blocks = []
     for block in markdown.strip().split("\n\n"):
-        if block.startswith(("|", "-", "#", "!")):
+        if block.startswith(("|", "-", "#", "!", "```")):
             blocks.append(block)
         else:
             blocks.append(
