@@ -27,7 +27,6 @@ from .._twoway import scale_twoway
 from ..constraints import apply_constraint
 from ..core.functional import logarithmic_interpolation
 from ..scale import scale_bwd
-from ._checks import check_attention_args
 
 __all__ = [
     "memoise",
@@ -193,10 +192,55 @@ def attention_scales(
 ) -> tuple[float, float | Tensor]:
     """The softmax temperature and the output scale ``c`` of the unit-scaled
     attention (see :func:`unit_scaling.functional.scaled_dot_product_attention`),
-    after checking the arguments for ``op``."""
-    check_attention_args(
-        op, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, mult
+    after checking the arguments: a ``ValueError`` naming ``op`` for those torch
+    would reject deep inside (or silently accept)."""
+    if not mult > 0:
+        raise ValueError(
+            f"{op}: mult must be a positive number (it is a temperature that "
+            f"multiplies the input), got mult={mult!r}"
+        )
+    shapes = (
+        f"got query {tuple(query.shape)}, key {tuple(key.shape)} and value "
+        f"{tuple(value.shape)}"
     )
+    if min(query.dim(), key.dim(), value.dim()) < 2:
+        raise ValueError(
+            f"{op}: expected query (..., L, E), key (..., S, E) and value "
+            f"(..., S, Ev) with at least 2 dimensions; {shapes}"
+        )
+    if query.shape[-1] != key.shape[-1] or query.shape[-1] == 0:
+        raise ValueError(
+            f"{op}: query and key must have the same, nonzero head dimension E "
+            f"(their last dimension); {shapes}"
+        )
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(
+            f"{op}: key and value must have the same sequence length S (their "
+            f"second-to-last dimension); {shapes}"
+        )
+    if enable_gqa and min(query.dim(), key.dim(), value.dim()) >= 3:
+        q_heads, k_heads, v_heads = query.shape[-3], key.shape[-3], value.shape[-3]
+        if k_heads != v_heads or k_heads == 0 or q_heads % k_heads != 0:
+            raise ValueError(
+                f"{op}: with enable_gqa=True, key and value must have the same "
+                "number of heads (dimension -3), dividing the number of query "
+                f"heads; {shapes}"
+            )
+    if attn_mask is not None and is_causal:
+        raise ValueError(
+            f"{op}: pass either attn_mask or is_causal=True, not both (as torch); "
+            "fold the causal mask into attn_mask instead"
+        )
+    if not 0 <= dropout_p <= 1:
+        raise ValueError(
+            f"{op}: dropout_p must be a probability between 0 and 1, got "
+            f"dropout_p={dropout_p!r}"
+        )
+    if scale is not None and not scale > 0:
+        raise ValueError(
+            f"{op}: scale must be positive (it is read as the softmax temperature), "
+            f"got scale={scale!r}"
+        )
     d = query.shape[-1]
     s = max(key.shape[-2], 1)
     if scale is not None:
