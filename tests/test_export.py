@@ -307,3 +307,32 @@ def test_zoo_language_model_exports_or_says_why(name: str) -> None:
         assert export.max_rel_error > 1e-5
     else:
         assert export.max_rel_error < 1e-4
+
+
+@pytest.mark.parametrize("attention", [False, True])
+def test_fp8_trained_models_export_their_master_weights(attention: bool) -> None:
+    """A model whose GEMMs run in real FP8 exports the high-precision function
+    of its master weights (the FP8 model itself differs by FP8's rounding)."""
+    from unit_scaling.float8 import Float8Config, convert_to_float8_training
+
+    config = Float8Config(attention=attention)
+    torch.manual_seed(0)
+    native = TransformerDecoder(64, VOCAB, layers=2, heads=4)
+    ids = torch.randint(VOCAB, (2, 16))
+    with torch.no_grad():
+        exact = native(ids)
+    export = to_plain(convert_to_float8_training(native, config=config), ids)
+    with torch.no_grad():
+        assert _relative_error(export.module(ids), exact) < 1e-5
+    pytest.importorskip("transformers")
+    scaled = unit_scale(zoo.hf_model("llama", vocab_size=VOCAB))
+    with torch.no_grad():
+        exact = scaled(input_ids=ids).logits
+        convert_to_float8_training(scaled, config=config)
+        fp8 = scaled(input_ids=ids).logits
+    export = to_plain(scaled, kwargs={"input_ids": ids})
+    assert not export.unfolded
+    with torch.no_grad():
+        plain = export.module(input_ids=ids).logits
+    assert _relative_error(plain, exact) < 1e-5
+    assert _relative_error(fp8, exact) > 1e-3  # the FP8 model is another function

@@ -849,14 +849,19 @@ def _warn_kept(kept: list[str]) -> None:
         )
 
 
-def _bound(fn: Callable[..., Tensor], config: Float8Config) -> Callable[..., Tensor]:
+def _bound(
+    fn: Callable[..., Tensor], config: Float8Config, exact: Callable[..., Tensor]
+) -> Callable[..., Tensor]:
     """``fn`` with ``config`` bound, as a graph target (a graph's code prints
-    its arguments, and a config is not a literal)."""
+    its arguments, and a config is not a literal). Its ``high_precision``
+    attribute is ``exact``, the unit-scaled function it computes in FP8 (what
+    :func:`unit_scaling.export.to_plain` folds)."""
 
     def run(*args: Any, **kwargs: Any) -> Tensor:
         return fn(*args, **kwargs, config=config)
 
     run.__name__ = run.__qualname__ = f"float8_{fn.__name__}"
+    run.high_precision = exact  # type: ignore[attr-defined]
     return run
 
 
@@ -864,12 +869,12 @@ def _float8_pass(config: Float8Config, keep: Filter | None, root: nn.Module) -> 
     """Retarget the captured graph's ``U.linear`` and ``U.linear_readout`` calls
     to their FP8 versions (those ``keep`` accepts, by their module)."""
     targets: dict[Callable[..., Tensor], Callable[..., Tensor]] = {
-        U.linear: _bound(linear, config),
-        U.linear_readout: _bound(linear_readout, config),
+        U.linear: _bound(linear, config, U.linear),
+        U.linear_readout: _bound(linear_readout, config, U.linear_readout),
     }
     if config.attention:
         targets[U.scaled_dot_product_attention] = _bound(
-            scaled_dot_product_attention, config
+            scaled_dot_product_attention, config, U.scaled_dot_product_attention
         )
 
     def run(gm: GraphModule) -> GraphModule:

@@ -57,7 +57,11 @@ def to_plain(
     The plain module computes the unit-scaled model's forward function, in eval
     mode, at the example's sequence length, to float rounding (and to the
     norms' ``eps``); :attr:`PlainExport.max_rel_error` is measured there.
-    ``module`` itself is never changed.
+    ``module`` itself is never changed. A model trained in real FP8
+    (:func:`unit_scaling.float8.convert_to_float8_training`) exports its
+    high-precision master weights: the plain module computes the unit-scaled
+    function in full precision, and :attr:`PlainExport.max_rel_error`, measured
+    against the FP8 model, includes FP8's rounding.
 
     Args:
         module: a ``unit_scale`` output that has been called at least once (it

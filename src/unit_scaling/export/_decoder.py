@@ -111,9 +111,20 @@ class PlainTransformerDecoder(nn.Module):
 
 
 def _scale(module: nn.Module, x: Tensor) -> float:
-    """``s`` with ``module(x) = s * F.linear(x, W)`` (a unit-scaled linear)."""
+    """``s`` with ``module(x) = s * F.linear(x, W)`` (a unit-scaled linear). A
+    layer converted to FP8 is read as the ``uu`` layer it was: its weights are
+    the trained high-precision master weights, exported as such."""
     assert isinstance(module.weight, Tensor)
-    s = proportion(module(x), F.linear(x, module.weight))
+    forward = next(
+        (
+            cls.forward
+            for cls in type(module).__mro__
+            if issubclass(cls, nn.Module)
+            and cls.__module__.startswith("unit_scaling.modules.")
+        ),
+        type(module).forward,
+    )
+    s = proportion(forward(module, x), F.linear(x, module.weight))
     assert s is not None, f"{type(module).__name__} is not a scaled F.linear"
     return s
 

@@ -120,7 +120,7 @@ def export_transformed(
             f"export the model before {t.name} is applied",
         )
         for t in state.config.transforms
-        if t.name in ("simulate_format", "float8")
+        if t.name == "simulate_format"
     ]
     seq_len = sequence_length(args, kwargs)
     ratios: dict[int, float] = {}
@@ -175,6 +175,13 @@ def _run_graph(
             "graph breaks (see the unit_scale warning), or export each part"
         )
     gm, specs = ran[0].graph_module, ran[0].replay_inputs
+    # Ops that run in FP8 (unit_scaling.float8) are read as the unit-scaled
+    # functions they compute: the trained master weights are what is exported.
+    for node in gm.graph.nodes:
+        exact = getattr(node.target, "high_precision", None)
+        if node.op == "call_function" and callable(exact):
+            node.target = exact
+    gm.recompile()
     parameter_names = dict(work.named_parameters(remove_duplicate=False))
     tensors = {**dict(work.named_buffers(remove_duplicate=False)), **parameter_names}
     leaves = pytree.tree_leaves((args, kwargs))

@@ -184,4 +184,3 @@ def check_linear_args(
             f"{op}: expected bias of shape ({weight.shape[0]},), got "
             f"{tuple(bias.shape)}"
         )
-
