@@ -277,3 +277,14 @@ def test_bad_records_and_arguments_are_refused() -> None:
         checkpoint_record("model")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="init_weights"):
         unit_scale(nn.Linear(2, 2), init_weights="yes")  # type: ignore[arg-type]
+
+
+def test_loaded_weights_are_kept_without_a_record() -> None:
+    """A state dict without metadata (as DCP loads one) still holds trained
+    weights: the first call does not initialise them again."""
+    model, _ = _trained(_llama)
+    target = unit_scale(_llama())
+    target.load_state_dict(dict(model.state_dict()))  # a plain dict: no metadata
+    target(input_ids=_ids(100))
+    for (name, p), q in zip(model.named_parameters(), target.parameters(), strict=True):
+        assert torch.equal(p, q), name

@@ -1160,9 +1160,16 @@ def _load_record(
     metadata: Any,
     *args: Any,
 ) -> None:
-    """Load-state-dict hook: take the record of the state dict being loaded (the
+    """Load-state-dict hook: loaded weights are never initialised again (with
+    or without a record); take the record of the state dict being loaded (the
     weights it holds were trained unit-scaled), and capture again at the next
     call if this model has run already."""
+    state = transform_state(module)
+    unit_pass = state.pass_of(_UnitScalingPass) if state is not None else None
+    if unit_pass is not None:
+        unit_pass.initialised.update(
+            key[len(prefix) :] for key in state_dict if key.startswith(prefix)
+        )
     found = metadata.get(KEY) if isinstance(metadata, dict) else None
     if found is not None:
         load_checkpoint_record(module, found)
