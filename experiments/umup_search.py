@@ -105,6 +105,12 @@ class Config:
     )
     multipliers: tuple[str, ...] = setting(UMUP_MULTIPLIERS, "multipliers to search")
     seeds: int = setting(3, "seeds at each side's chosen point")
+    strategy: str = setting(
+        "independent",
+        "the search: independent (the u-μP paper's) or sequential (each "
+        "multiplier at the values chosen before it); a sequential run writes "
+        "umup_search_sequential.*",
+    )
     cap: float = setting(3.5, "plot losses above this (and diverged runs) here")
     runs: Path | None = setting(
         None,
@@ -135,7 +141,14 @@ class Config:
             log2_lrs=self.umup_lrs if umup else self.sp_lrs,
             log2_multipliers=self.multiplier_grid,
             multipliers=self.multipliers if umup else (),
+            strategy=self.strategy,
         )
+
+    @property
+    def stem(self) -> str:
+        """The file name of the page and plots, without extension."""
+        suffix = "" if self.strategy == "independent" else f"_{self.strategy}"
+        return f"umup_search{suffix}"
 
 
 @dataclass(frozen=True)
@@ -354,6 +367,17 @@ def report(results: Results, seconds: float, jobs: int) -> str:
     config = results.config
     search = results.search
     widest, proxy = config.widths[-1], config.search_width
+    command = "python experiments/umup_search.py" + (
+        "" if config.strategy == "independent" else f" --strategy {config.strategy}"
+    )
+    how, variant = "alone", ""
+    if config.strategy == "sequential":
+        how = "in turn, those before it at their chosen values,"
+        variant = (
+            " in its sequential variant (a coordinate descent: each multiplier "
+            "swept with the ones before it at their chosen values, at the same "
+            "cost; see also the [independent search](umup_search.md))"
+        )
     umup = _mean(results.seed_losses(SIDES[1], widest))
     sp = _mean(results.seed_losses(SIDES[0], widest))
     untuned = _mean(results.seed_losses(SIDES[2], widest))
@@ -402,14 +426,14 @@ def report(results: Results, seconds: float, jobs: int) -> str:
 
 With every multiplier at its default of 1, u-μP trails SP at width 512
 ([learning-rate transfer](lr_transfer.md)). The u-μP paper's answer is its cheap
-independent search on a small proxy. `python experiments/umup_search.py` runs it
+independent search on a small proxy. `{command}` runs it{variant}
 with `unit_scaling.app.sweep` (`unit-scaling sweep` on the command line) on a
 width-{proxy} {config.layers}-layer byte-level decoder and carries the result,
 unchanged, to widths {", ".join(map(str, config.widths))}:
 
 - (a) **the search** at width {proxy}: the learning rate over a ×2 grid with
   every multiplier at 1; each of {", ".join(f"`{m}`" for m in config.multipliers)}
-  alone over 2^{config.multiplier_grid[0]}…2^{config.multiplier_grid[-1]} at
+  {how} over 2^{config.multiplier_grid[0]}…2^{config.multiplier_grid[-1]} at
   that learning rate; the best value of each, combined; the learning rate again;
 - (b) **transfer**: the found multipliers at every width, the learning rate
   swept at each to see where its optimum lands;
@@ -437,7 +461,7 @@ from the learning rate found at width {proxy}, the tuned u-μP's own optimum lie
 {move_text} grid step(s) away ({"within" if lr_met else "not within"} one
 step).
 
-![u-μP tuned on a proxy against SP](umup_search.png)
+![u-μP tuned on a proxy against SP]({config.stem}.png)
 
 ## What the search found
 
@@ -450,7 +474,7 @@ core(s).
 
 {search.table()}
 
-![the search at width {proxy}](umup_search_proxy.png)
+![the search at width {proxy}]({config.stem}_proxy.png)
 
 ## Transfer: the learning rate at every width
 
@@ -489,12 +513,13 @@ def main(argv: list[str] | None = None) -> Results:
     runs = config.runs or (args.out / "umup_search_runs" if config.quick else RUNS)
     results = run_experiment(config, runs, args.jobs)
     args.out.mkdir(parents=True, exist_ok=True)
-    plot(results, args.out / "umup_search.png")
-    results.search.plot(args.out / "umup_search_proxy.png")
+    stem = config.stem
+    plot(results, args.out / f"{stem}.png")
+    results.search.plot(args.out / f"{stem}_proxy.png")
     text = report(results, results.seconds, args.jobs)
-    (args.out / "umup_search.md").write_text(text)
+    (args.out / f"{stem}.md").write_text(text)
     print(text)
-    print(f"wrote umup_search.md, umup_search.png, umup_search_proxy.png to {args.out}")
+    print(f"wrote {stem}.md, {stem}.png, {stem}_proxy.png to {args.out}")
     return results
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import functools
 import io
 import json
@@ -368,3 +369,46 @@ def test_search_function_is_a_sweep(tmp_path: Path) -> None:
     )
     assert result.lr_resweep == {} and result.best == result.combined
     assert recorder.calls == LRS + MULTIPLIERS + COMBINED
+
+
+class Coupled(nn.Module):
+    """``loss = (w - 1)² + (log2 a + log2 b - 1)² + 0.1 (log2 a)²``: each
+    multiplier alone prefers 2, together they overshoot."""
+
+    def __init__(self, *, a: float = 1.0, b: float = 1.0) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(()))
+        x, y = math.log2(a), math.log2(b)
+        self.penalty = (x + y - 1) ** 2 + 0.1 * x**2
+
+    def loss(self, batch: Tensor) -> Tensor:
+        return (self.w - 1) ** 2 + self.penalty
+
+
+def _coupled(run_dir: Path, strategy: str) -> SearchResult:
+    config = dataclasses.replace(
+        TOY, multipliers=("a", "b"), strategy=strategy, resweep_lr=False
+    )
+    return Sweep(
+        Coupled,
+        run_dir,
+        config=config,
+        corpus=CORPUS,
+        optimizer=torch.optim.SGD,
+        progress=False,
+    ).search()
+
+
+def test_the_sequential_strategy_sweeps_each_at_the_values_before_it(
+    tmp_path: Path,
+) -> None:
+    independent = _coupled(tmp_path / "independent", "independent")
+    assert independent.combined.point == Point.at(0, a=1, b=1)  # overshoots
+    sequential = _coupled(tmp_path / "sequential", "sequential")
+    for x, run in sequential.multiplier_sweeps["b"].items():
+        assert dict(run.point.log2_multipliers) == ({"a": 1, "b": x} if x else {"a": 1})
+    assert sequential.best.point == Point.at(0, a=1)
+    assert sequential.best.loss < independent.best.loss
+    assert "in turn" in sequential.table()
+    with pytest.raises(ValueError, match="strategy"):
+        dataclasses.replace(TOY, strategy="random")

@@ -103,8 +103,13 @@ class SearchResult:
         lines = ["Validation loss against the learning rate:", "", lr_table, ""]
         if self.multiplier_sweeps:
             rows = [(n, *cells(s, values)) for n, s in self.multiplier_sweeps.items()]
+            how = (
+                "Each multiplier alone"
+                if self.config.strategy == "independent"
+                else "Each multiplier in turn, those above it at their chosen values"
+            )
             lines += [
-                f"Each multiplier alone, at lr {best_lr}:",
+                f"{how}, at lr {best_lr}:",
                 "",
                 markdown([f"multiplier (lr {best_lr})", *map(power, values)], rows),
                 "",
@@ -205,7 +210,8 @@ class SearchResult:
         for ax, (name, sweep) in zip(
             flat[1:], self.multiplier_sweeps.items(), strict=False
         ):
-            _plot_sweep(ax, sweep, "C0", f"alone, lr {at_lr}")
+            alone = "alone" if self.config.strategy == "independent" else "in turn"
+            _plot_sweep(ax, sweep, "C0", f"{alone}, lr {at_lr}")
             x = chosen.get(name, 0.0)
             ax.axhline(self.default.loss, color="grey", ls=":", lw=1, label="all at 1")
             if math.isfinite(best.loss):

@@ -85,6 +85,9 @@ def check_grid(name: str, grid: tuple[float, ...]) -> tuple[float, ...]:
     return tuple(sorted(float(x) for x in grid))
 
 
+STRATEGIES = ("independent", "sequential")
+
+
 @dataclass(frozen=True)
 class SweepConfig:
     """What each run of a sweep trains and the grids the search walks (each
@@ -117,6 +120,11 @@ class SweepConfig:
     resweep_lr: bool = setting(
         True, "sweep the learning rate again at the combined multipliers"
     )
+    strategy: str = setting(
+        "independent",
+        "independent: each multiplier alone at the defaults (the u-μP paper's); "
+        "sequential: each in turn, the ones before it at their chosen values",
+    )
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "val_batches"):
@@ -134,6 +142,10 @@ class SweepConfig:
             )
         if not is_int(self.seed):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(
+                f"strategy must be one of {STRATEGIES}, got {self.strategy!r}"
+            )
         for name in ("log2_lrs", "log2_multipliers"):
             object.__setattr__(self, name, check_grid(name, getattr(self, name)))
         if 0 not in self.log2_multipliers:

@@ -8,6 +8,13 @@ so the u-μP paper (Blake et al., 2024) tunes them one at a time, cheaply:
 3. the best value of each multiplier, all together ("combined");
 4. optionally the learning rate again, over its grid, at the combined multipliers.
 
+Where the multipliers do interact (a short budget, a small proxy), the best
+values found alone can do worse together than some of them alone. The
+``sequential`` strategy (``SweepConfig(strategy="sequential")``) is a coordinate
+descent at the same cost: each multiplier's grid is swept with the multipliers
+before it at their chosen values, so the chosen point is never worse than any
+point the search trained at the best learning rate.
+
 The chosen configuration transfers unchanged to wider models.
 :class:`Sweep` runs it for any model whose multipliers are keyword arguments of
 its factory (``factory(**multipliers)``, as :class:`~unit_scaling.TransformerDecoder`
@@ -221,24 +228,42 @@ class Sweep:
         return {run.point.log2_lr: run for run in runs}
 
     def search(self) -> SearchResult:
-        """u-μP's independent search (see the module docstring); writes
-        ``summary.csv``, ``best.json`` and ``sweep.png`` to ``run_dir``."""
+        """u-μP's independent search (see the module docstring), or the
+        sequential one (``config.strategy``); writes ``summary.csv``,
+        ``best.json`` and ``sweep.png`` to ``run_dir``."""
         config = self.config
         lr_sweep = self.lr_sweep()
         best_lr = best_value(lr_sweep)
-        grid = [
-            (name, x) for name in config.multipliers for x in config.log2_multipliers
-        ]
-        runs = self.run(
-            [Point(best_lr, ((name, x),), config.seed) for name, x in grid],
-            "multipliers",
-        )
         multiplier_sweeps: dict[str, dict[float, Run]] = {
             name: {} for name in config.multipliers
         }
-        for (name, x), run in zip(grid, runs, strict=True):
-            multiplier_sweeps[name][x] = run
-        chosen = {name: best_value(sweep) for name, sweep in multiplier_sweeps.items()}
+        if config.strategy == "independent":
+            grid = [
+                (name, x)
+                for name in config.multipliers
+                for x in config.log2_multipliers
+            ]
+            runs = self.run(
+                [Point(best_lr, ((name, x),), config.seed) for name, x in grid],
+                "multipliers",
+            )
+            for (name, x), run in zip(grid, runs, strict=True):
+                multiplier_sweeps[name][x] = run
+            chosen = {name: best_value(s) for name, s in multiplier_sweeps.items()}
+        else:  # sequential: each at the values chosen before it
+            chosen = {}
+            for name in config.multipliers:
+                runs = self.run(
+                    [
+                        Point(best_lr, (*chosen.items(), (name, x)), config.seed)
+                        for x in config.log2_multipliers
+                    ],
+                    name,
+                )
+                multiplier_sweeps[name] = dict(
+                    zip(config.log2_multipliers, runs, strict=True)
+                )
+                chosen[name] = best_value(multiplier_sweeps[name])
         combined = self.run(
             [Point(best_lr, tuple(chosen.items()), config.seed)], "combined"
         )[0]
