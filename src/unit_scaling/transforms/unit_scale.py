@@ -1160,19 +1160,22 @@ def _load_record(
     metadata: Any,
     *args: Any,
 ) -> None:
-    """Load-state-dict hook: loaded weights are never initialised again (with
-    or without a record); take the record of the state dict being loaded (the
-    weights it holds were trained unit-scaled), and capture again at the next
-    call if this model has run already."""
+    """Load-state-dict hook: take the record of the state dict being loaded
+    (which says which of its parameters were initialised, and what was
+    measured), and capture again at the next call if this model has run
+    already. A state dict without one (``torch.distributed.checkpoint`` drops
+    the metadata) holds deliberate weights all the same: none of them is
+    initialised again."""
+    found = metadata.get(KEY) if isinstance(metadata, dict) else None
+    if found is not None:
+        load_checkpoint_record(module, found)
+        return
     state = transform_state(module)
     unit_pass = state.pass_of(_UnitScalingPass) if state is not None else None
     if unit_pass is not None:
         unit_pass.initialised.update(
             key[len(prefix) :] for key in state_dict if key.startswith(prefix)
         )
-    found = metadata.get(KEY) if isinstance(metadata, dict) else None
-    if found is not None:
-        load_checkpoint_record(module, found)
 
 
 def _unit_pass(module: nn.Module, op: str) -> _UnitScalingPass:
