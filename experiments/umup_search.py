@@ -499,8 +499,9 @@ seed(s).
 ## Time
 
 {len(all_runs)} runs, {_core_minutes(all_runs):.0f} core-minutes in all. This
-invocation: {timing_note(seconds, jobs)}; runs stored by an earlier, interrupted
-invocation were read, not trained again.
+invocation: {timing_note(seconds, jobs)}; runs an earlier invocation stored
+(interrupted, or of the other search strategy: SP's runs and the shared points)
+were read, not trained again.
 
 ## Settings
 

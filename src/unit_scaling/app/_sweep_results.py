@@ -227,7 +227,7 @@ class SearchResult:
             ax.set_ylabel("validation loss")
         c = self.config
         fig.suptitle(
-            f"Independent search: {self.model}\n{c.steps} steps of "
+            f"{c.strategy.capitalize()} search: {self.model}\n{c.steps} steps of "
             f"{c.batch_size}×{c.seq_len} tokens; chosen ({best.point.label}) "
             f"{best.loss:.3f}, all multipliers at 1 {self.default.loss:.3f}   "
             "★ chosen  × diverged",
