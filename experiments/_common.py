@@ -305,3 +305,16 @@ def lr_table(losses: dict[int, dict[float, float]], grid: tuple[int, ...]) -> st
     return markdown_table(
         ("width", *(f"2^{x}" for x in grid), "optimum", "fitted"), rows
     )
+
+
+class LanguageModel(nn.Module):
+    """A Hugging Face causal LM with the ``loss(batch)`` the training loop calls
+    (the model shifts the labels itself)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def loss(self, batch: Tensor) -> Tensor:
+        loss: Tensor = self.model(input_ids=batch, labels=batch).loss
+        return loss

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _common import DOCS, markdown_table, reflow, run_parser
+from _common import DOCS, LanguageModel, markdown_table, reflow, run_parser
 from torch import Tensor, nn
 
 import unit_scaling as uu
@@ -76,18 +76,6 @@ class Config:
                 object.__setattr__(self, name, value)
         if self.steps < 2 or self.steps % 2:
             raise ValueError(f"steps must be an even number >= 2, got {self.steps}")
-
-
-class LanguageModel(nn.Module):
-    """A Hugging Face causal LM with the ``loss(batch)`` the training loop calls."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def loss(self, batch: Tensor) -> Tensor:
-        loss: Tensor = self.model(input_ids=batch, labels=batch).loss
-        return loss
 
 
 def make_model(config: Config) -> nn.Module:

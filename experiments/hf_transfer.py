@@ -41,6 +41,7 @@ from _common import (
     DOCS,
     HEAD_SIZE,
     Curve,
+    LanguageModel,
     markdown_table,
     reflow,
     run_all,
@@ -51,7 +52,7 @@ from _common import (
 )
 from lr_transfer import Config as TransferConfig
 from lr_transfer import optimum, shift
-from torch import Tensor, nn
+from torch import nn
 
 import unit_scaling as uu
 from unit_scaling.app.config import parse_config, setting
@@ -103,19 +104,6 @@ class Config(TransferConfig):
                 ("val_batches", 1),
             ):
                 object.__setattr__(self, name, value)
-
-
-class LanguageModel(nn.Module):
-    """A Hugging Face causal LM with the ``loss(batch)`` the training loop calls
-    (the model shifts the labels itself)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def loss(self, batch: Tensor) -> Tensor:
-        loss: Tensor = self.model(input_ids=batch, labels=batch).loss
-        return loss
 
 
 def make_model(family: str, width: int, config: Config) -> nn.Module:
