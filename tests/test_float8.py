@@ -266,6 +266,8 @@ def test_bad_arguments_are_refused() -> None:
         float8.scaled_dot_product_attention(q, q[..., :4], q)
     with pytest.raises(TypeError, match="Float8Config"):
         float8.scaled_dot_product_attention(q, q, q, config="fp8")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="floating-point"):
+        float8.scaled_dot_product_attention(q.long(), q.long(), q.long())
 
 
 def test_the_cpu_onednn_workaround_is_still_needed() -> None:

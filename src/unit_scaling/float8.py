@@ -709,6 +709,11 @@ def scaled_dot_product_attention(
         1.0
     """
     config = _check_config("float8.scaled_dot_product_attention", config)
+    if not all(t.is_floating_point() for t in (query, key, value)):
+        raise TypeError(
+            "float8.scaled_dot_product_attention: query, key and value must be "
+            f"floating-point tensors, got {query.dtype}, {key.dtype} and {value.dtype}"
+        )
     temperature, c = attention_scales(
         "float8.scaled_dot_product_attention",
         query,

@@ -269,6 +269,8 @@ def test_bad_records_and_arguments_are_refused() -> None:
     model = unit_scale(nn.Sequential(nn.Linear(16, 16)))
     with pytest.raises(ValueError, match="format"):
         load_checkpoint_record(model, {"format": 99})
+    with pytest.raises(ValueError, match="got NoneType"):
+        load_checkpoint_record(model, None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="damaged"):
         load_checkpoint_record(model, {"format": 1, "regions": 3})
     with pytest.raises(ValueError, match="not made by unit_scale"):

@@ -99,11 +99,16 @@ def encode(record: Record) -> dict[str, Any]:
 def decode(data: Any, where: str) -> Record:
     """The :class:`Record` of ``data`` (what :func:`encode` wrote). ``where``
     names its source in the error raised for anything else."""
-    if not isinstance(data, Mapping) or data.get("format") != FORMAT:
-        found = data.get("format") if isinstance(data, Mapping) else type(data)
+    if not isinstance(data, Mapping):
+        raise ValueError(
+            f"{where}: expected a unit_scaling record (a dict, as "
+            f"checkpoint_record returns), got {type(data).__name__}"
+        )
+    if data.get("format") != FORMAT:
         raise ValueError(
             f"{where}: not a unit_scaling record of format {FORMAT} (found format "
-            f"{found!r}); it was written by another version of unit_scaling"
+            f"{data.get('format')!r}); it was written by another version of "
+            "unit_scaling"
         )
     try:
         measured: dict[tuple[Any, ...], Measured] = {
