@@ -19,14 +19,7 @@ from ._graph import (
     attention_temperature,
 )
 from ._probe import proportion
-from ._report import (
-    PlainExport,
-    Unfolded,
-    errors_at_other_lengths,
-    evaluating,
-    length_note,
-    max_relative_error,
-)
+from ._report import PlainExport, Unfolded, evaluating, measured_export
 
 __all__ = ["PlainTransformerDecoder", "export_decoder"]
 
@@ -169,10 +162,8 @@ def export_decoder(
         for name, p in decoder.named_parameters():
             name = name.replace(".mhsa.", ".").replace(".mlp.", ".")
             own[name].copy_(p * ratios[name])
-    with evaluating(decoder), evaluating(plain):
-        error = max_relative_error(decoder(example), plain(example))
-    table = attention_ratios([site], seq_len)
-    errors = errors_at_other_lengths(decoder, plain, (example,), {}, seq_len)
+    with evaluating(decoder):
+        output = decoder(example)
     unfolded, notes = [], []
     loss_mult = getattr(decoder, "loss_mult", 1.0)
     if loss_mult != 1:
@@ -187,16 +178,16 @@ def export_decoder(
         )
     if any(layer.dropout.p for layer in stack):
         notes.append("the plain twin has no dropout: it matches the decoder in eval")
-    return PlainExport(
-        module=plain,
+    return measured_export(
+        decoder,
+        plain,
+        ((example,), {}),
+        output,
+        seq_len,
+        attention_ratios([site], seq_len),
         folded={k: v for k, v in ratios.items() if v != 1},
-        unfolded=tuple(unfolded),
-        anchored=(),
-        max_rel_error=error,
-        seq_len=seq_len,
-        attention_ratios=table,
-        length_errors=errors,
-        length_note=length_note(seq_len, error, table, errors, notes),
+        unfolded=unfolded,
+        notes=notes,
     )
 
 

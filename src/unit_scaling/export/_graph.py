@@ -68,21 +68,17 @@ def _sum(branches: tuple[Tensor, ...]) -> Tensor:
 
 
 def _grouped_mm(
-    mat_a: Tensor,
-    mat_b: Tensor,
-    offs: Tensor | None = None,
-    bias: Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
+    mat_a: Tensor, mat_b: Tensor, offs: Tensor | None, **unsupported: Any
 ) -> Tensor:
-    """``torch._grouped_mm`` as a loop: it runs on any device and dtype."""
-    if bias is not None or out_dtype is not None:
+    """``torch._grouped_mm`` on any device and dtype: with ``offs``, the loop
+    over the groups that ``U.grouped_mm`` runs off CUDA (its registered
+    ``unit_scaling::grouped_mm_loop``). It takes ``U.grouped_mm``'s other
+    arguments (``bias``, ``out_dtype``) only at ``None``."""
+    if any(value is not None for value in unsupported.values()):
         raise ValueError("grouped_mm with bias or out_dtype")
     if offs is None:
         return torch.bmm(mat_a, mat_b)
-    ends = [int(e) for e in offs]
-    out = mat_a.new_zeros(mat_a.shape[0], mat_b.shape[-1])
-    for group, (start, end) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
-        out[start:end] = mat_a[start:end] @ mat_b[group]
+    out: Tensor = torch.ops.unit_scaling.grouped_mm_loop(mat_a, mat_b, offs)
     return out
 
 
@@ -225,6 +221,46 @@ class GraphRatios:
     shifted: dict[Node, tuple[str, float]] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class _OpSite:
+    """One node of the graph being read, with what every rule reads and writes:
+    the values of the run (``env``), the nodes computed from parameters
+    (``data``), the op's name in the report (``origin``), and the equations
+    found so far."""
+
+    node: Node
+    env: dict[Node, Any]
+    data: set[Node]
+    origin: str
+    found: GraphRatios
+
+    @property
+    def system(self) -> RatioSystem:
+        return self.found.system
+
+    def units(self, leaves: list[Any]) -> dict[Unit, Hashable]:
+        """The ratio variables of the data among the call's ``leaves``."""
+        units: dict[Unit, Hashable] = {}
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, Node) and leaf in self.data:
+                for j, var in _vars(leaf, self.env[leaf]).items():
+                    units[(i, j)] = var
+        return units
+
+    def probe(
+        self,
+        call: Callable[[list[Any]], Any],
+        values: list[Any],
+        units: dict[Unit, Hashable],
+        outputs: dict[int | None, Hashable],
+        offsets: dict[int | None, float],
+    ) -> None:
+        """:func:`._probe.probe` at this op, which is reported as anchored if
+        some input had to be."""
+        if probe(self.system, call, values, units, outputs, offsets, self.origin):
+            self.found.anchored.append(self.origin)
+
+
 def graph_equations(
     gm: GraphModule,
     env: dict[Node, Any],
@@ -263,10 +299,9 @@ def graph_equations(
             found.activations.update(outputs.values())
         origin = f"{target_name(node)} at {module_path(node) or '<root>'}"
         attention_sites = len(found.attention)
+        site = _OpSite(node, env, data, origin, found)
         try:
-            _node_equations(
-                gm, node, env, data, fed, parameters, temperatures, origin, found
-            )
+            _node_equations(gm, site, fed, parameters, temperatures)
         except Exception as error:
             # Both models must then agree on the op's inputs and outputs: right
             # for a plain op that cannot run again on its own (one traced under
@@ -295,16 +330,12 @@ class _NotFolded(Exception):
 
 def _node_equations(
     gm: GraphModule,
-    node: Node,
-    env: dict[Node, Any],
-    data: set[Node],
+    site: _OpSite,
     fed: set[Node],
     parameters: dict[Node, str],
     temperatures: list[float | None],
-    origin: str,
-    found: GraphRatios,
 ) -> None:
-    system = found.system
+    node, env, found = site.node, site.env, site.found
     source = node.args[0] if node.args else None
     if (
         node.target is operator.getitem
@@ -313,18 +344,17 @@ def _node_equations(
         and isinstance(node.args[1], int)
     ):
         for var in _vars(node, env[node]).values():
-            system.equal(var, (node.args[0], node.args[1]), 0.0, origin)
+            site.system.equal(var, (node.args[0], node.args[1]), 0.0, site.origin)
     elif node not in fed and (shift := _shifted(node, env, parameters)):
         found.shifted[node] = shift  # its ratio is realised on the parameter
     elif node.target is U.scaled_dot_product_attention:
-        own = temperatures[len(found.attention)]
-        _attention(node, env, data, own, system, origin, found)
+        _attention(site, temperatures[len(found.attention)])
     elif node.target is U.residual_add:
-        _residual_add(node, env, data, system, origin)
+        _residual_add(site)
     elif node.op == "call_function" and _is_unit_scaled(node.target):
-        _unit_scaled_op(node, env, data, system, origin, found)
+        _unit_scaled_op(site)
     else:
-        _plain_op(gm, node, env, data, system, origin, found)
+        _plain_op(gm, site)
 
 
 _SHIFTS: dict[Callable[..., Any], float] = {
@@ -382,17 +412,6 @@ def _vars(node: Node, value: Any) -> dict[int | None, Hashable]:
     }
 
 
-def _units(
-    leaves: list[Any], env: dict[Node, Any], data: set[Node]
-) -> dict[Unit, Hashable]:
-    units: dict[Unit, Hashable] = {}
-    for i, leaf in enumerate(leaves):
-        if isinstance(leaf, Node) and leaf in data:
-            for j, var in _vars(leaf, env[leaf]).items():
-                units[(i, j)] = var
-    return units
-
-
 def _leaf_values(leaves: list[Any], env: dict[Node, Any]) -> list[Any]:
     return [env[x] if isinstance(x, Node) else x for x in leaves]
 
@@ -428,51 +447,29 @@ def _in_float64(
     return wide
 
 
-def _plain_op(
-    gm: GraphModule,
-    node: Node,
-    env: dict[Node, Any],
-    data: set[Node],
-    system: RatioSystem,
-    origin: str,
-    found: GraphRatios,
-) -> None:
+def _plain_op(gm: GraphModule, site: _OpSite) -> None:
+    node, env = site.node, site.env
     leaves, spec = flatten_call(node.args, node.kwargs)
 
     def call(values: list[Any]) -> Any:
         return _run(gm, node, *unflatten_call(values, spec))
 
-    units = _units(leaves, env, data)
+    units = site.units(leaves)
     values = _in_float64(call, _leaf_values(leaves, env), units)
     outputs = _vars(node, env[node])
     non_float = {j: None for j, v in output_units(env[node]) if j not in outputs}
-    if probe(
-        system,
-        call,
-        values,
-        units,
-        {**non_float, **outputs},
-        {},
-        origin,
-    ):
-        found.anchored.append(origin)
+    site.probe(call, values, units, {**non_float, **outputs}, {})
 
 
-def _unit_scaled_op(
-    node: Node,
-    env: dict[Node, Any],
-    data: set[Node],
-    system: RatioSystem,
-    origin: str,
-    found: GraphRatios,
-) -> None:
+def _unit_scaled_op(site: _OpSite) -> None:
+    node, env, system, origin = site.node, site.env, site.system, site.origin
     op = node.target
     assert callable(op)
     plain_op = _counterpart(op)
     if plain_op is None:
         raise _NotFolded("no plain counterpart known to export")
     leaves, spec = flatten_call(node.args, node.kwargs)
-    units = _units(leaves, env, data)
+    units = site.units(leaves)
     outputs = _vars(node, env[node])
     signature = inspect.signature(op)
     named = signature.bind(*node.args, **node.kwargs).arguments
@@ -521,39 +518,29 @@ def _unit_scaled_op(
             virtual = ("tempered", node, var)
             system.equal(virtual, var, -math.log(mult), origin)
             units[(i, j)] = virtual
-    if bias is not None and not (isinstance(bias, Node) and bias in data):
+    if bias is not None and not (isinstance(bias, Node) and bias in site.data):
         for out, offset in offsets.items():
             system.anchor(outputs[out], offset, origin)
-    if probe(
-        system,
+    site.probe(
         lambda vs: plain(vs, with_bias=bias is None),
         values,
         units,
         dict(outputs),
         offsets,
-        origin,
-    ):
-        found.anchored.append(origin)
+    )
 
 
-def _attention(
-    node: Node,
-    env: dict[Node, Any],
-    data: set[Node],
-    own_scale: float | None,
-    system: RatioSystem,
-    origin: str,
-    found: GraphRatios,
-) -> None:
+def _attention(site: _OpSite, own_scale: float | None) -> None:
     """``U.sdpa = c * F.sdpa`` at the temperature ``t_u``; the plain model runs
     its own ``t_p`` (``own_scale``, else ``d^-1/2``): the query and key ratios
     must make up ``t_u / t_p``, and ``c`` folds into the values."""
+    node, system, origin = site.node, site.system, site.origin
     op = U.scaled_dot_product_attention
     bound = inspect.signature(op).bind(*node.args, **node.kwargs)
     bound.apply_defaults()
     nodes = bound.arguments
     # in the model's dtype: the mask's threshold (finfo.min / 2) depends on it
-    a = {k: env[v] if isinstance(v, Node) else v for k, v in nodes.items()}
+    a = {k: site.env[v] if isinstance(v, Node) else v for k, v in nodes.items()}
     q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
     rest = (a["dropout_p"], a["is_causal"], a["scale"], a["enable_gqa"], a["mult"])
     temperature, _ = attention_scales("export", q, k, v, mask, *rest)
@@ -570,14 +557,14 @@ def _attention(
     )
     c = proportion(op(q, k, v, mask, *rest), plain)
     is_data = {
-        n: isinstance(x, Node) and x in data
+        n: isinstance(x, Node) and x in site.data
         for n, x in nodes.items()
         if n in ("query", "key", "value", "attn_mask")
     }
     if c is None:
         raise _NotFolded("not a constant multiple of torch's attention here")
     pattern, window = _mask_pattern(mask)
-    found.attention.append(
+    site.found.attention.append(
         AttentionSite(
             origin,
             q.shape[-1],
@@ -603,14 +590,9 @@ def _attention(
         system.anchor(nodes["attn_mask"], 0.0, origin, at_input=True)
 
 
-def _residual_add(
-    node: Node,
-    env: dict[Node, Any],
-    data: set[Node],
-    system: RatioSystem,
-    origin: str,
-) -> None:
+def _residual_add(site: _OpSite) -> None:
     """``U.residual_add(r, s) = a r + b s``; the plain model adds ``r + s``."""
+    node, env, system, origin = site.node, site.env, site.system, site.origin
     named = inspect.signature(U.residual_add).bind(*node.args, **node.kwargs)
     named.apply_defaults()
     r, s, tau = (named.arguments[n] for n in ("residual", "skip", "tau"))
@@ -619,7 +601,7 @@ def _residual_add(
     b = proportion(U.residual_add(torch.zeros_like(rv), sv, tau), sv)
     assert a is not None and b is not None, "residual_add is a weighted sum"
     for x, w in ((r, a), (s, b)):
-        if isinstance(x, Node) and x in data:
+        if isinstance(x, Node) and x in site.data:
             system.equal(x, node, math.log(w), origin, at_input=True)
         else:
             system.anchor(node, -math.log(w), origin)

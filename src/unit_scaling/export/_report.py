@@ -4,7 +4,7 @@ report of what was folded, what could not be, and where the two models agree."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -20,6 +20,7 @@ __all__ = [
     "evaluating",
     "length_note",
     "max_relative_error",
+    "measured_export",
     "resized",
     "sequence_length",
 ]
@@ -240,3 +241,40 @@ def length_note(
         table = ", ".join(f"L={n}: {e:.2e}" for n, e in sorted(errors.items()))
         parts.append(f"measured max relative error at other lengths: {table}")
     return "; ".join([*parts, *extra])
+
+
+def measured_export(
+    unit: nn.Module,
+    plain: nn.Module,
+    example: tuple[tuple[Any, ...], dict[str, Any]],
+    unit_output: Any,
+    seq_len: int | None,
+    ratios: dict[int, float],
+    *,
+    folded: dict[str, float],
+    unfolded: Sequence[Unfolded],
+    anchored: Iterable[str] = (),
+    notes: Sequence[str] = (),
+) -> PlainExport:
+    """The :class:`PlainExport` of ``plain``, folded from ``unit``, with where
+    the two agree measured: on the ``example`` call (``(args, kwargs)``, on
+    which ``unit`` returned ``unit_output``) and, given its sequence length
+    ``seq_len``, at other lengths; ``ratios`` are the attention ratios there,
+    and each op of ``anchored`` is listed once."""
+    args, kwargs = example
+    with evaluating(plain):
+        error = max_relative_error(unit_output, plain(*args, **kwargs))
+    errors: dict[int, float] = {}
+    if seq_len is not None:
+        errors = errors_at_other_lengths(unit, plain, args, kwargs, seq_len)
+    return PlainExport(
+        module=plain,
+        folded=folded,
+        unfolded=tuple(unfolded),
+        anchored=tuple(dict.fromkeys(anchored)),
+        max_rel_error=error,
+        seq_len=seq_len,
+        attention_ratios=ratios,
+        length_errors=errors,
+        length_note=length_note(seq_len, error, ratios, errors, notes),
+    )

@@ -20,15 +20,7 @@ from .._torch_internals import drop_state_dict_hooks, pytree
 from ..transforms._checkpoint import KEY
 from ..transforms._engine import RunState, TransformedForward, transform_state
 from ._graph import attention_ratios, graph_equations
-from ._report import (
-    PlainExport,
-    Unfolded,
-    errors_at_other_lengths,
-    evaluating,
-    length_note,
-    max_relative_error,
-    sequence_length,
-)
+from ._report import PlainExport, Unfolded, evaluating, measured_export, sequence_length
 from ._solver import RatioSystem
 
 __all__ = ["export_transformed", "is_unit_scaled"]
@@ -94,8 +86,6 @@ def export_transformed(
         name: values[v] for v, name in graph.parameters.items() if name not in shifted
     }
     folded = _rescale(plain, multiplied, shifted)
-    with evaluating(plain):
-        error = max_relative_error(graph.output, plain(*args, **kwargs))
     unfolded = [
         Unfolded(
             c.origin,
@@ -124,26 +114,25 @@ def export_transformed(
     ]
     seq_len = sequence_length(args, kwargs)
     ratios: dict[int, float] = {}
-    errors: dict[int, float] = {}
     notes = []
     if seq_len is not None:
         ratios = attention_ratios(found.attention, seq_len)
-        errors = errors_at_other_lengths(work, plain, args, kwargs, seq_len)
     if any(site and site.mask == "other" for site in found.attention):
         notes.append(
             "an attention mask that is neither causal nor full (padding) changes c "
             "too: the plain model matches batches masked as the example is"
         )
-    return PlainExport(
-        module=plain,
+    return measured_export(
+        work,
+        plain,
+        (args, kwargs),
+        graph.output,
+        seq_len,
+        ratios,
         folded=folded,
-        unfolded=tuple(unfolded),
-        anchored=tuple(dict.fromkeys(found.anchored)),
-        max_rel_error=error,
-        seq_len=seq_len,
-        attention_ratios=ratios,
-        length_errors=errors,
-        length_note=length_note(seq_len, error, ratios, errors, notes),
+        unfolded=unfolded,
+        anchored=found.anchored,
+        notes=notes,
     )
 
 
