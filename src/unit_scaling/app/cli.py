@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from . import demo, report, sweep
 
@@ -34,6 +34,40 @@ def _sweep(args: argparse.Namespace) -> None:
     sweep.run_command(args)
 
 
+# Each subcommand: its name, what declares its options, what runs it, and its
+# line in ``unit-scaling --help``.
+_COMMANDS: tuple[
+    tuple[
+        str,
+        Callable[[argparse.ArgumentParser], None],
+        Callable[[argparse.Namespace], None],
+        str,
+    ],
+    ...,
+] = (
+    (
+        "demo",
+        demo.add_arguments,
+        _demo,
+        "train SP and u-μP decoders in FP32 and simulated FP8 on the built-in "
+        "corpus; write plots and a report",
+    ),
+    (
+        "report",
+        report.add_arguments,
+        _report,
+        "scale plots and a table of a model's tensors before and after unit_scale",
+    ),
+    (
+        "sweep",
+        sweep.add_arguments,
+        _sweep,
+        "u-μP's independent search: the learning rate, then each multiplier "
+        "of a small uu.TransformerDecoder; resumable; writes best.json and a plot",
+    ),
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; returns the exit status."""
     parser = argparse.ArgumentParser(
@@ -42,26 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "u-μP's hyperparameter search.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    demo_parser = commands.add_parser(
-        "demo",
-        help="train SP and u-μP decoders in FP32 and simulated FP8 on the built-in "
-        "corpus; write plots and a report",
-    )
-    demo.add_arguments(demo_parser)
-    demo_parser.set_defaults(handler=_demo)
-    report_parser = commands.add_parser(
-        "report",
-        help="scale plots and a table of a model's tensors before and after unit_scale",
-    )
-    report.add_arguments(report_parser)
-    report_parser.set_defaults(handler=_report)
-    sweep_parser = commands.add_parser(
-        "sweep",
-        help="u-μP's independent search: the learning rate, then each multiplier "
-        "of a small uu.TransformerDecoder; resumable; writes best.json and a plot",
-    )
-    sweep.add_arguments(sweep_parser)
-    sweep_parser.set_defaults(handler=_sweep)
+    for name, add_arguments, handler, summary in _COMMANDS:
+        command = commands.add_parser(name, help=summary)
+        add_arguments(command)
+        command.set_defaults(handler=handler)
     args = parser.parse_args(argv)
     try:
         args.handler(args)
