@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from string import Template
 
 import torch
 from torch import Tensor
 
 from ._checks import check_conv_shapes, expand_size, validate_constraint
+from ._dims import for_dims
 from ._scaling import scaled_affine
 
 __all__ = ["conv1d", "conv2d", "conv3d"]
@@ -61,16 +63,16 @@ def _conv(
     n: int,
     input: Tensor,
     weight: Tensor,
-    bias: Tensor | None,
-    stride: _Size,
-    padding: str | _Size,
-    dilation: _Size,
-    groups: int,
-    constraint: str | None,
-    scale_power: tuple[float, float, float],
+    bias: Tensor | None = None,
+    stride: _Size = 1,
+    padding: str | _Size = 0,
+    dilation: _Size = 1,
+    groups: int = 1,
+    constraint: str | None = "to_output_scale",
+    scale_power: tuple[float, float, float] = (0.5, 0.5, 0.5),
 ) -> Tensor:
-    """The rule of :func:`conv1d` for ``n`` spatial dims: a linear layer's, with
-    the kernel in its fan-in and fan-out and the output positions in its batch."""
+    """``conv{n}d``: a linear layer's rule, with the kernel in its fan-in and
+    fan-out and the output positions in its batch."""
     op = f"conv{n}d"
     validate_constraint(constraint)
     check_conv_shapes(op, n, input, weight, groups, transposed=False)
@@ -97,18 +99,8 @@ def _conv(
     )
 
 
-def conv1d(
-    input: Tensor,
-    weight: Tensor,
-    bias: Tensor | None = None,
-    stride: _Size = 1,
-    padding: str | _Size = 0,
-    dilation: _Size = 1,
-    groups: int = 1,
-    constraint: str | None = "to_output_scale",
-    scale_power: tuple[float, float, float] = (0.5, 0.5, 0.5),
-) -> Tensor:
-    """Unit-scaled :func:`torch.nn.functional.conv1d`.
+_DOC = Template(
+    """Unit-scaled :func:`torch.nn.functional.$name`.
 
     .. math::
         y = \\alpha\\,(x \\star W + b),\\quad
@@ -116,16 +108,17 @@ def conv1d(
         \\beta_x = \\left(\\frac{S \\cdot G}{\\text{fan\\_out}\\cdot K}\\right)^{p_1},
         \\quad \\beta_W = \\beta_b = (L_{out} \\cdot N)^{-p_2}
 
-    with ``fan_in = C_in / groups``, ``fan_out = C_out``, ``K`` the kernel size,
-    ``S`` the stride, ``G = groups``, ``L_out`` the output length and ``N`` the
-    batch size (1 if unbatched). An output element sums ``fan_in·K`` terms; an
-    input element receives gradient from ``fan_out·K / (S·G)`` of them on average;
-    a weight element sums over every output position of every batch element. The
+    with ``fan_in = C_in / groups``, ``fan_out = C_out``, ``K = $kernel_numel`` the
+    kernel size, ``S = $stride_numel`` the stride, ``G = groups``,
+    ``L_out = $axes_out_numel`` the output positions and ``N`` the batch size (1 if
+    unbatched). An output element sums ``fan_in·K`` terms; an input element
+    receives gradient from ``fan_out·K / (S·G)`` of them on average; a weight
+    element sums over every output position of every batch element. The
     constraint ties ``alpha`` and ``beta_x``.
 
     Args:
-        input: ``(N, C_in, L)`` or ``(C_in, L)``.
-        weight: ``(C_out, C_in / groups, K)``.
+        input: ``(N, C_in, $axes)`` or ``(C_in, $axes)``.
+        weight: ``(C_out, C_in / groups, $kernel)``.
         bias: ``(C_out,)`` or ``None``.
         stride, padding, dilation, groups: as in torch (``padding`` may be
             ``'same'`` or ``'valid'``).
@@ -135,123 +128,11 @@ def conv1d(
 
     Example::
 
-        >>> y = U.conv1d(torch.randn(8, 16, 100), torch.randn(32, 16, 3))
+        >>> y = U.$name(torch.randn($input), torch.randn($weight))
         >>> round(y.std().item(), 1)
         1.0
     """
-    return _conv(
-        1,
-        input,
-        weight,
-        bias,
-        stride,
-        padding,
-        dilation,
-        groups,
-        constraint,
-        scale_power,
-    )
-
-
-def conv2d(
-    input: Tensor,
-    weight: Tensor,
-    bias: Tensor | None = None,
-    stride: _Size = 1,
-    padding: str | _Size = 0,
-    dilation: _Size = 1,
-    groups: int = 1,
-    constraint: str | None = "to_output_scale",
-    scale_power: tuple[float, float, float] = (0.5, 0.5, 0.5),
-) -> Tensor:
-    """Unit-scaled :func:`torch.nn.functional.conv2d`.
-
-    .. math::
-        y = \\alpha\\,(x \\star W + b),\\quad
-        \\alpha = (\\text{fan\\_in}\\cdot K)^{-p_0},\\quad
-        \\beta_x = \\left(\\frac{S \\cdot G}{\\text{fan\\_out}\\cdot K}\\right)^{p_1},
-        \\quad \\beta_W = \\beta_b = (L_{out} \\cdot N)^{-p_2}
-
-    as for :func:`conv1d`, with ``K = kH·kW``, ``S = sH·sW`` and
-    ``L_out = H_out·W_out``.
-
-    Args:
-        input: ``(N, C_in, H, W)`` or ``(C_in, H, W)``.
-        weight: ``(C_out, C_in / groups, kH, kW)``.
-        bias: ``(C_out,)`` or ``None``.
-        stride, padding, dilation, groups: as in torch (``padding`` may be
-            ``'same'`` or ``'valid'``).
-        constraint: applied to ``(alpha, beta_x)``; see
-            :mod:`unit_scaling.constraints`.
-        scale_power: the powers ``(p0, p1, p2)``.
-
-    Example::
-
-        >>> y = U.conv2d(torch.randn(8, 16, 20, 20), torch.randn(32, 16, 3, 3))
-        >>> round(y.std().item(), 1)
-        1.0
-    """
-    return _conv(
-        2,
-        input,
-        weight,
-        bias,
-        stride,
-        padding,
-        dilation,
-        groups,
-        constraint,
-        scale_power,
-    )
-
-
-def conv3d(
-    input: Tensor,
-    weight: Tensor,
-    bias: Tensor | None = None,
-    stride: _Size = 1,
-    padding: str | _Size = 0,
-    dilation: _Size = 1,
-    groups: int = 1,
-    constraint: str | None = "to_output_scale",
-    scale_power: tuple[float, float, float] = (0.5, 0.5, 0.5),
-) -> Tensor:
-    """Unit-scaled :func:`torch.nn.functional.conv3d`.
-
-    .. math::
-        y = \\alpha\\,(x \\star W + b),\\quad
-        \\alpha = (\\text{fan\\_in}\\cdot K)^{-p_0},\\quad
-        \\beta_x = \\left(\\frac{S \\cdot G}{\\text{fan\\_out}\\cdot K}\\right)^{p_1},
-        \\quad \\beta_W = \\beta_b = (L_{out} \\cdot N)^{-p_2}
-
-    as for :func:`conv1d`, with ``K = kD·kH·kW``, ``S = sD·sH·sW`` and
-    ``L_out = D_out·H_out·W_out``.
-
-    Args:
-        input: ``(N, C_in, D, H, W)`` or ``(C_in, D, H, W)``.
-        weight: ``(C_out, C_in / groups, kD, kH, kW)``.
-        bias: ``(C_out,)`` or ``None``.
-        stride, padding, dilation, groups: as in torch (``padding`` may be
-            ``'same'`` or ``'valid'``).
-        constraint: applied to ``(alpha, beta_x)``; see
-            :mod:`unit_scaling.constraints`.
-        scale_power: the powers ``(p0, p1, p2)``.
-
-    Example::
-
-        >>> y = U.conv3d(torch.randn(2, 8, 8, 8, 8), torch.randn(16, 8, 3, 3, 3))
-        >>> round(y.std().item(), 1)
-        1.0
-    """
-    return _conv(
-        3,
-        input,
-        weight,
-        bias,
-        stride,
-        padding,
-        dilation,
-        groups,
-        constraint,
-        scale_power,
-    )
+)
+conv1d = for_dims(_conv, 1, _DOC, input="8, 16, 100", weight="32, 16, 3")
+conv2d = for_dims(_conv, 2, _DOC, input="8, 16, 20, 20", weight="32, 16, 3, 3")
+conv3d = for_dims(_conv, 3, _DOC, input="2, 8, 8, 8, 8", weight="16, 8, 3, 3, 3")

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from string import Template
 
 import torch
 from torch import Tensor
 
 from ._checks import check_conv_shapes, expand_size, validate_constraint
+from ._dims import for_dims
 from ._scaling import scaled_affine
 
 __all__ = ["conv_transpose1d", "conv_transpose2d", "conv_transpose3d"]
@@ -43,17 +45,17 @@ def _conv_transpose(
     n: int,
     input: Tensor,
     weight: Tensor,
-    bias: Tensor | None,
-    stride: _Size,
-    padding: _Size,
-    output_padding: _Size,
-    groups: int,
-    dilation: _Size,
-    constraint: str | None,
-    scale_power: tuple[float, float, float],
+    bias: Tensor | None = None,
+    stride: _Size = 1,
+    padding: _Size = 0,
+    output_padding: _Size = 0,
+    groups: int = 1,
+    dilation: _Size = 1,
+    constraint: str | None = "to_output_scale",
+    scale_power: tuple[float, float, float] = (0.5, 0.5, 0.5),
 ) -> Tensor:
-    """The rule of :func:`conv_transpose1d` for ``n`` spatial dims: a sum of
-    ``C_in / G · K / S`` terms forwards, a convolution of ``C_out / G · K`` back."""
+    """``conv_transpose{n}d``: a sum of ``C_in / G · K / S`` terms forwards, a
+    convolution of ``C_out / G · K`` back."""
     op = f"conv_transpose{n}d"
     validate_constraint(constraint)
     check_conv_shapes(op, n, input, weight, groups, transposed=True)
@@ -90,22 +92,11 @@ def _conv_transpose(
     )
 
 
-def conv_transpose1d(
-    input: Tensor,
-    weight: Tensor,
-    bias: Tensor | None = None,
-    stride: _Size = 1,
-    padding: _Size = 0,
-    output_padding: _Size = 0,
-    groups: int = 1,
-    dilation: _Size = 1,
-    constraint: str | None = "to_output_scale",
-    scale_power: tuple[float, float, float] = (0.5, 0.5, 0.5),
-) -> Tensor:
-    """Unit-scaled :func:`torch.nn.functional.conv_transpose1d`.
+_DOC = Template(
+    """Unit-scaled :func:`torch.nn.functional.$name`.
 
-    The adjoint of :func:`~unit_scaling.functional.conv1d`, scaled by the number
-    of terms in its own sums:
+    The adjoint of :func:`~unit_scaling.functional.conv${n}d`, scaled by the
+    number of terms in its own sums:
 
     .. math::
         y = \\alpha\\,(x \\star^T W + b),\\quad
@@ -115,15 +106,16 @@ def conv_transpose1d(
         \\beta_b = (L_{out} \\cdot N)^{-p_2}
 
     with ``fan_in = C_in / groups``, ``fan_out = C_out / groups`` (the weight's
-    second dim), ``K`` the kernel size, ``S`` the stride, ``L_in``/``L_out`` the
-    input/output lengths and ``N`` the batch size (1 if unbatched). An output
+    second dim), ``K = $kernel_numel`` the kernel size, ``S = $stride_numel`` the
+    stride, ``L_in = $axes_in_numel`` and ``L_out = $axes_out_numel`` the input
+    and output positions and ``N`` the batch size (1 if unbatched). An output
     element sums ``fan_in·K/S`` terms on average, an input element's gradient
     ``fan_out·K``; see the module docstring. The constraint ties ``alpha`` and
     ``beta_x``.
 
     Args:
-        input: ``(N, C_in, L)`` or ``(C_in, L)``.
-        weight: ``(C_in, C_out / groups, K)``.
+        input: ``(N, C_in, $axes)`` or ``(C_in, $axes)``.
+        weight: ``(C_in, C_out / groups, $kernel)``.
         bias: ``(C_out,)`` or ``None``.
         stride, padding, output_padding, groups, dilation: as in torch.
         constraint: applied to ``(alpha, beta_x)``; see
@@ -132,131 +124,36 @@ def conv_transpose1d(
 
     Example::
 
-        >>> x, w = torch.randn(8, 32, 100), torch.randn(32, 16, 4)
-        >>> y = U.conv_transpose1d(x, w, stride=2, padding=1)
+        >>> x, w = torch.randn($input), torch.randn($weight)
+        >>> y = U.$name(x, w, $options)
         >>> y.shape, round(y.std().item(), 1)
-        (torch.Size([8, 16, 200]), 1.0)
+        (torch.Size([$output]), 1.0)
     """
-    return _conv_transpose(
-        1,
-        input,
-        weight,
-        bias,
-        stride,
-        padding,
-        output_padding,
-        groups,
-        dilation,
-        constraint,
-        scale_power,
-    )
-
-
-def conv_transpose2d(
-    input: Tensor,
-    weight: Tensor,
-    bias: Tensor | None = None,
-    stride: _Size = 1,
-    padding: _Size = 0,
-    output_padding: _Size = 0,
-    groups: int = 1,
-    dilation: _Size = 1,
-    constraint: str | None = "to_output_scale",
-    scale_power: tuple[float, float, float] = (0.5, 0.5, 0.5),
-) -> Tensor:
-    """Unit-scaled :func:`torch.nn.functional.conv_transpose2d`.
-
-    As :func:`conv_transpose1d`, with ``K = kH·kW``, ``S = sH·sW``,
-    ``L_in = H_in·W_in`` and ``L_out = H_out·W_out``:
-
-    .. math::
-        y = \\alpha\\,(x \\star^T W + b),\\quad
-        \\alpha = \\left(\\frac{\\text{fan\\_in}\\cdot K}{S}\\right)^{-p_0},\\quad
-        \\beta_x = (\\text{fan\\_out}\\cdot K)^{-p_1},\\quad
-        \\beta_W = (L_{in} \\cdot N)^{-p_2},\\quad
-        \\beta_b = (L_{out} \\cdot N)^{-p_2}
-
-    Args:
-        input: ``(N, C_in, H, W)`` or ``(C_in, H, W)``.
-        weight: ``(C_in, C_out / groups, kH, kW)``.
-        bias: ``(C_out,)`` or ``None``.
-        stride, padding, output_padding, groups, dilation: as in torch.
-        constraint: applied to ``(alpha, beta_x)``; see
-            :mod:`unit_scaling.constraints`.
-        scale_power: the powers ``(p0, p1, p2)``.
-
-    Example::
-
-        >>> x, w = torch.randn(4, 32, 16, 16), torch.randn(32, 16, 4, 4)
-        >>> y = U.conv_transpose2d(x, w, stride=2, padding=1)
-        >>> y.shape, round(y.std().item(), 1)
-        (torch.Size([4, 16, 32, 32]), 1.0)
-    """
-    return _conv_transpose(
-        2,
-        input,
-        weight,
-        bias,
-        stride,
-        padding,
-        output_padding,
-        groups,
-        dilation,
-        constraint,
-        scale_power,
-    )
-
-
-def conv_transpose3d(
-    input: Tensor,
-    weight: Tensor,
-    bias: Tensor | None = None,
-    stride: _Size = 1,
-    padding: _Size = 0,
-    output_padding: _Size = 0,
-    groups: int = 1,
-    dilation: _Size = 1,
-    constraint: str | None = "to_output_scale",
-    scale_power: tuple[float, float, float] = (0.5, 0.5, 0.5),
-) -> Tensor:
-    """Unit-scaled :func:`torch.nn.functional.conv_transpose3d`.
-
-    As :func:`conv_transpose1d`, with ``K = kD·kH·kW``, ``S = sD·sH·sW`` and
-    ``L`` the product of the three spatial sizes:
-
-    .. math::
-        y = \\alpha\\,(x \\star^T W + b),\\quad
-        \\alpha = \\left(\\frac{\\text{fan\\_in}\\cdot K}{S}\\right)^{-p_0},\\quad
-        \\beta_x = (\\text{fan\\_out}\\cdot K)^{-p_1},\\quad
-        \\beta_W = (L_{in} \\cdot N)^{-p_2},\\quad
-        \\beta_b = (L_{out} \\cdot N)^{-p_2}
-
-    Args:
-        input: ``(N, C_in, D, H, W)`` or ``(C_in, D, H, W)``.
-        weight: ``(C_in, C_out / groups, kD, kH, kW)``.
-        bias: ``(C_out,)`` or ``None``.
-        stride, padding, output_padding, groups, dilation: as in torch.
-        constraint: applied to ``(alpha, beta_x)``; see
-            :mod:`unit_scaling.constraints`.
-        scale_power: the powers ``(p0, p1, p2)``.
-
-    Example::
-
-        >>> x, w = torch.randn(2, 16, 8, 8, 8), torch.randn(16, 8, 2, 2, 2)
-        >>> y = U.conv_transpose3d(x, w, stride=2)
-        >>> y.shape, round(y.std().item(), 1)
-        (torch.Size([2, 8, 16, 16, 16]), 1.0)
-    """
-    return _conv_transpose(
-        3,
-        input,
-        weight,
-        bias,
-        stride,
-        padding,
-        output_padding,
-        groups,
-        dilation,
-        constraint,
-        scale_power,
-    )
+)
+conv_transpose1d = for_dims(
+    _conv_transpose,
+    1,
+    _DOC,
+    input="8, 32, 100",
+    weight="32, 16, 4",
+    options="stride=2, padding=1",
+    output="8, 16, 200",
+)
+conv_transpose2d = for_dims(
+    _conv_transpose,
+    2,
+    _DOC,
+    input="4, 32, 16, 16",
+    weight="32, 16, 4, 4",
+    options="stride=2, padding=1",
+    output="4, 16, 32, 32",
+)
+conv_transpose3d = for_dims(
+    _conv_transpose,
+    3,
+    _DOC,
+    input="2, 16, 8, 8, 8",
+    weight="16, 8, 2, 2, 2",
+    options="stride=2",
+    output="2, 8, 16, 16, 16",
+)

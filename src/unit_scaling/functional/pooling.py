@@ -20,11 +20,13 @@ Padding, partial (``ceil_mode``) windows, ``count_include_pad`` and
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from string import Template
 
 import torch.nn.functional as F
 from torch import Tensor
 
 from ._checks import expand_size, spatial_shape, validate_constraint
+from ._dims import for_dims
 from ._scaling import memoise, scaled_unary
 from ._windows import average_scales, max_scales, pool_windows
 
@@ -97,13 +99,14 @@ def _avg_pool(
     n: int,
     input: Tensor,
     kernel_size: _Size,
-    stride: _Size | None,
-    padding: _Size,
-    ceil_mode: bool,
-    count_include_pad: bool,
-    constraint: str | None,
+    stride: _Size | None = None,
+    padding: _Size = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
     divisor_override: int | None = None,
+    constraint: str | None = "to_output_scale",
 ) -> Tensor:
+    """``avg_pool{n}d``: the pool, scaled by its exact average-pool scales."""
     op = f"avg_pool{n}d"
     validate_constraint(constraint)
     average = (count_include_pad, divisor_override)
@@ -125,13 +128,14 @@ def _max_pool(
     n: int,
     input: Tensor,
     kernel_size: _Size,
-    stride: _Size | None,
-    padding: _Size,
-    dilation: _Size,
-    ceil_mode: bool,
-    return_indices: bool,
-    constraint: str | None,
+    stride: _Size | None = None,
+    padding: _Size = 0,
+    dilation: _Size = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+    constraint: str | None = "to_output_scale",
 ) -> Tensor | tuple[Tensor, Tensor]:
+    """``max_pool{n}d``: the pool, scaled by its exact max-pool scales."""
     op = f"max_pool{n}d"
     validate_constraint(constraint)
     scales = _scales(
@@ -198,30 +202,22 @@ def avg_pool1d(
         padding,
         ceil_mode,
         count_include_pad,
+        None,
         constraint,
     )
 
 
-def avg_pool2d(
-    input: Tensor,
-    kernel_size: _Size,
-    stride: _Size | None = None,
-    padding: _Size = 0,
-    ceil_mode: bool = False,
-    count_include_pad: bool = True,
-    divisor_override: int | None = None,
-    constraint: str | None = "to_output_scale",
-) -> Tensor:
-    """Unit-scaled :func:`torch.nn.functional.avg_pool2d`.
+_AVG_DOC = Template(
+    """Unit-scaled :func:`torch.nn.functional.$name`.
 
     As :func:`avg_pool1d` (exact scales from the averaging matrix; away from the
     borders :math:`\\alpha = K^{1/2}`, :math:`\\beta = (K S)^{1/2}` with
-    ``K = kH·kW`` and ``S = sH·sW``). With ``divisor_override = d`` each window
-    sum is divided by ``d``, and the scales follow (interior:
+    ``K = $kernel_numel`` and ``S = $stride_numel``). With ``divisor_override = d``
+    each window sum is divided by ``d``, and the scales follow (interior:
     :math:`\\alpha = d K^{-1/2}`, :math:`\\beta = d (S/K)^{1/2}`).
 
     Args:
-        input: ``(N, C, H, W)`` or ``(C, H, W)``.
+        input: ``(N, C, $axes)`` or ``(C, $axes)``.
         kernel_size, stride, padding: as in torch.
         ceil_mode, count_include_pad, divisor_override: as in torch.
         constraint: applied to ``(alpha, beta)``; see
@@ -229,91 +225,33 @@ def avg_pool2d(
 
     Example::
 
-        >>> y = U.avg_pool2d(torch.randn(8, 16, 32, 32), 2)
+        >>> y = U.$name(torch.randn($input), 2)
         >>> round(y.std().item(), 1)
         1.0
     """
-    return _avg_pool(
-        2,
-        input,
-        kernel_size,
-        stride,
-        padding,
-        ceil_mode,
-        count_include_pad,
-        constraint,
-        divisor_override=divisor_override,
-    )
+)
+avg_pool2d = for_dims(_avg_pool, 2, _AVG_DOC, input="8, 16, 32, 32")
+avg_pool3d = for_dims(_avg_pool, 3, _AVG_DOC, input="4, 8, 16, 16, 16")
 
-
-def avg_pool3d(
-    input: Tensor,
-    kernel_size: _Size,
-    stride: _Size | None = None,
-    padding: _Size = 0,
-    ceil_mode: bool = False,
-    count_include_pad: bool = True,
-    divisor_override: int | None = None,
-    constraint: str | None = "to_output_scale",
-) -> Tensor:
-    """Unit-scaled :func:`torch.nn.functional.avg_pool3d`.
-
-    As :func:`avg_pool2d`, with ``K = kD·kH·kW`` and ``S = sD·sH·sW``.
-
-    Args:
-        input: ``(N, C, D, H, W)`` or ``(C, D, H, W)``.
-        kernel_size, stride, padding: as in torch.
-        ceil_mode, count_include_pad, divisor_override: as in torch.
-        constraint: applied to ``(alpha, beta)``; see
-            :mod:`unit_scaling.constraints`.
-
-    Example::
-
-        >>> y = U.avg_pool3d(torch.randn(4, 8, 16, 16, 16), 2)
-        >>> round(y.std().item(), 1)
-        1.0
-    """
-    return _avg_pool(
-        3,
-        input,
-        kernel_size,
-        stride,
-        padding,
-        ceil_mode,
-        count_include_pad,
-        constraint,
-        divisor_override=divisor_override,
-    )
-
-
-def max_pool1d(
-    input: Tensor,
-    kernel_size: _Size,
-    stride: _Size | None = None,
-    padding: _Size = 0,
-    dilation: _Size = 1,
-    ceil_mode: bool = False,
-    return_indices: bool = False,
-    constraint: str | None = "to_output_scale",
-) -> Tensor | tuple[Tensor, Tensor]:
-    """Unit-scaled :func:`torch.nn.functional.max_pool1d`.
+_MAX_DOC = Template(
+    """Unit-scaled :func:`torch.nn.functional.$name`.
 
     .. math::
         y = \\alpha \\max_{j \\in w} x_j, \\qquad
         \\alpha = 1 / \\mathrm{std}\\Big[\\max_{j \\le K} x_j\\Big],\\qquad
         \\beta = (n_{in} / n_{out})^{1/2} \\approx S^{1/2}
 
-    for kernel size ``K`` and stride ``S``. The maximum of ``K`` unit normals
-    has standard deviation 1, 0.826, 0.701, 0.598 and 0.451 for ``K`` = 1, 2, 4,
-    9 and 64 (computed by numerical integration, exact to ``1e-9``); where
-    padding or partial windows leave fewer valid elements, ``alpha`` accounts for
-    the mixture of window sizes. Each window's gradient reaches exactly one
-    element, so ``beta`` is exact. The output's mean (e.g. 1.03 for ``K = 4``)
-    is not normalised, as for :func:`~unit_scaling.functional.relu`. The
-    constraint ties ``(alpha, beta)``.
+    for kernel size ``K = $kernel_numel`` and stride ``S = $stride_numel``. The
+    maximum of ``K`` unit normals has standard deviation 1, 0.826, 0.701, 0.598
+    and 0.451 for ``K`` = 1, 2, 4, 9 and 64 (computed by numerical integration,
+    exact to ``1e-9``); where padding or partial windows leave fewer valid
+    elements, ``alpha`` accounts for the mixture of window sizes. Each window's
+    gradient reaches exactly one element, so ``beta`` is exact. The output's mean
+    (e.g. 1.03 for ``K = 4``) is not normalised, as for
+    :func:`~unit_scaling.functional.relu`. The constraint ties ``(alpha, beta)``.
 
     Args:
-        input: ``(N, C, L)`` or ``(C, L)``.
+        input: ``(N, C, $axes)`` or ``(C, $axes)``.
         kernel_size, stride, padding, dilation, ceil_mode: as in torch.
         return_indices: also return the argmax indices, as torch does (only the
             output is scaled).
@@ -322,100 +260,11 @@ def max_pool1d(
 
     Example::
 
-        >>> y = U.max_pool1d(torch.randn(8, 16, 100), 4)
+        >>> y = U.$name(torch.randn($input), $kernel)
         >>> round(y.std().item(), 1)
         1.0
     """
-    return _max_pool(
-        1,
-        input,
-        kernel_size,
-        stride,
-        padding,
-        dilation,
-        ceil_mode,
-        return_indices,
-        constraint,
-    )
-
-
-def max_pool2d(
-    input: Tensor,
-    kernel_size: _Size,
-    stride: _Size | None = None,
-    padding: _Size = 0,
-    dilation: _Size = 1,
-    ceil_mode: bool = False,
-    return_indices: bool = False,
-    constraint: str | None = "to_output_scale",
-) -> Tensor | tuple[Tensor, Tensor]:
-    """Unit-scaled :func:`torch.nn.functional.max_pool2d`.
-
-    As :func:`max_pool1d`, with ``K = kH·kW`` and ``S = sH·sW``.
-
-    Args:
-        input: ``(N, C, H, W)`` or ``(C, H, W)``.
-        kernel_size, stride, padding, dilation, ceil_mode: as in torch.
-        return_indices: also return the argmax indices, as torch does (only the
-            output is scaled).
-        constraint: applied to ``(alpha, beta)``; see
-            :mod:`unit_scaling.constraints`.
-
-    Example::
-
-        >>> y = U.max_pool2d(torch.randn(8, 16, 32, 32), 2)
-        >>> round(y.std().item(), 1)
-        1.0
-    """
-    return _max_pool(
-        2,
-        input,
-        kernel_size,
-        stride,
-        padding,
-        dilation,
-        ceil_mode,
-        return_indices,
-        constraint,
-    )
-
-
-def max_pool3d(
-    input: Tensor,
-    kernel_size: _Size,
-    stride: _Size | None = None,
-    padding: _Size = 0,
-    dilation: _Size = 1,
-    ceil_mode: bool = False,
-    return_indices: bool = False,
-    constraint: str | None = "to_output_scale",
-) -> Tensor | tuple[Tensor, Tensor]:
-    """Unit-scaled :func:`torch.nn.functional.max_pool3d`.
-
-    As :func:`max_pool1d`, with ``K = kD·kH·kW`` and ``S = sD·sH·sW``.
-
-    Args:
-        input: ``(N, C, D, H, W)`` or ``(C, D, H, W)``.
-        kernel_size, stride, padding, dilation, ceil_mode: as in torch.
-        return_indices: also return the argmax indices, as torch does (only the
-            output is scaled).
-        constraint: applied to ``(alpha, beta)``; see
-            :mod:`unit_scaling.constraints`.
-
-    Example::
-
-        >>> y = U.max_pool3d(torch.randn(4, 8, 16, 16, 16), 2)
-        >>> round(y.std().item(), 1)
-        1.0
-    """
-    return _max_pool(
-        3,
-        input,
-        kernel_size,
-        stride,
-        padding,
-        dilation,
-        ceil_mode,
-        return_indices,
-        constraint,
-    )
+)
+max_pool1d = for_dims(_max_pool, 1, _MAX_DOC, input="8, 16, 100", kernel="4")
+max_pool2d = for_dims(_max_pool, 2, _MAX_DOC, input="8, 16, 32, 32", kernel="2")
+max_pool3d = for_dims(_max_pool, 3, _MAX_DOC, input="4, 8, 16, 16, 16", kernel="2")
