@@ -271,7 +271,7 @@ def test_bad_arguments_are_refused() -> None:
 
 
 def test_the_cpu_onednn_workaround_is_still_needed() -> None:
-    """``float8._cpu_gemm`` turns oneDNN off around ``_scaled_mm``: in torch 2.13
+    """``float8._gemm._cpu_gemm`` turns oneDNN off around ``_scaled_mm``: in torch 2.13
     its E4M3 x E4M3 path is two orders of magnitude slower than torch's own. When
     this fails, torch has fixed that: remove the workaround."""
     import time

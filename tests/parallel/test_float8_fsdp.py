@@ -15,11 +15,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 import unit_scaling as uu
-from unit_scaling.float8 import (
-    Float8Linear,
-    _FSDPFloat8Weight,
-    convert_to_float8_training,
-)
+from unit_scaling.float8 import Float8Linear, convert_to_float8_training
+from unit_scaling.float8._fsdp import _FSDPFloat8Weight
 from unit_scaling.parallel import fully_shard
 
 from ._launch import once_per_session, run_distributed
