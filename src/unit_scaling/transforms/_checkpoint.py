@@ -47,8 +47,8 @@ KEY = "unit_scaling"
 # Version of the record's layout; a record of another format is refused.
 FORMAT = 1
 
-# A region's calibration: the RMS of each output, and of each input's gradient
-# by the input's position (``unit_scale._Measured``).
+# A region's calibration in a form another capture of it can take: the RMS of
+# each output, and of each input's gradient by the input's position.
 Measured = tuple[list[float | None], dict[int, float]]
 
 

@@ -1,0 +1,473 @@
+"""The ``unit_scale`` graph pass: each captured graph goes through the stages
+(analytic, residual, calibrated, gradient) in order, and the pass keeps what it
+learns across captures (the report, initialised parameters, measured scales),
+which is also what a checkpoint records."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+from torch.fx import Graph, GraphModule, Node
+
+from .._fx_names import module_path
+from .._torch_internals import fsdp_unsharded_parameters
+from ..scale import scale_bwd
+from ._analytic import (
+    OURS,
+    op_name,
+    record_op,
+    replace_functions,
+    replace_with_unit_scaled,
+    unconstrain_inputs,
+    unit_scale_adds,
+)
+from ._calibrated import calibrate_regions, capture_key
+from ._checkpoint import (
+    Measured,
+    Record,
+    encode,
+    key_to_text,
+    write_to_config,
+)
+from ._consistency import scale_broadcast_gradients, unconstrain_consistently
+from ._dynamo import functorch_sections, is_functorch_internal
+from ._engine import (
+    CaptureContext,
+    CapturePass,
+)
+from ._gradients import (
+    CUT_TOLERANCE,
+    PARAMETER_TOLERANCE,
+    ZERO_GRADIENT,
+    calibrate_gradients,
+    compensate_parameters,
+    cut_vertices,
+    downstream_factor,
+    rounded,
+    scale_gradient,
+)
+from ._inplace import functionalize_inplace
+from ._params import (
+    graph_roles,
+    initialise,
+    scale_direct_parameter_gradients,
+)
+from ._patterns import rewrite_patterns
+from ._report import OpRecord, ParameterRecord, UnitScaleReport
+from ._residuals import find_residuals, rewrite_residual
+from ._tags import TagRecord, tag_from_graph
+from ._values import GraphValues, Kind, graph_values
+
+__all__ = ["UnitScalingPass"]
+
+# u-μP types whose learning rates follow one rule (bias and norm gains share one).
+_LR_GROUP = {"weight": "weight", "output": "output", "bias": "vector", "norm": "vector"}
+
+logger = logging.getLogger("unit_scaling.transforms.unit_scale")
+
+
+class UnitScalingPass(CapturePass):
+    """The ``unit_scale`` graph pass, with what it learns across captures: the
+    report, and which parameters have been initialised (by name, so that copies
+    of a transformed module keep their parameters' values)."""
+
+    def __init__(
+        self,
+        replace: dict[Callable[..., Any], Any],
+        residual_scaling: Callable[[int, int], float] | None = None,
+        initialised: set[str] | None = None,
+        grad_scales: dict[str, float] | None = None,
+        tags: dict[str, TagRecord] | None = None,
+        branches: int | None = None,
+        measured: dict[tuple[Any, ...], Measured] | None = None,
+        cut_scales: dict[str, float] | None = None,
+        residual_name: str = "fixed",
+    ) -> None:
+        self.replace = replace
+        self.residual_scaling = residual_scaling
+        self.residual_name = residual_name
+        self.found: set[Any] = set()
+        self.initialised: set[str] = set(initialised or ())
+        # Calibrated parameter-gradient scales, by parameter name: measured at the
+        # first capture that uses a parameter and reused by later ones.
+        self.grad_scales: dict[str, float] = dict(grad_scales or {})
+        # u-μP tags by parameter name (every alias of a tied parameter).
+        self.report = UnitScaleReport(tags=dict(tags or {}))
+        # The residual branches of the whole forward, counted over the graphs of
+        # the first call (graph breaks split it); until then, those seen so far.
+        self.branches = branches
+        # Per captured graph (by id): its residual branches, and the positions
+        # of its outputs that are constants (rotary tables, masks), so that a
+        # graph captured after it in the same call keeps them constants.
+        self.residual_counts: dict[int, int] = {}
+        # Region calibrations by what identifies them across captures.
+        self.measured: dict[tuple[Any, ...], Measured] = dict(measured or {})
+        # Gradient corrections at cut vertices, by what identifies a vertex
+        # across captures (as a region's calibration): measured once, so that a
+        # capture after a reload (or of another batch size) runs the same
+        # backward pass.
+        self.cut_scales: dict[str, float] = dict(cut_scales or {})
+
+        self.constant_outputs: dict[int, frozenset[int]] = {}
+
+    def fresh(self) -> UnitScalingPass:
+        return UnitScalingPass(
+            self.replace,
+            self.residual_scaling,
+            self.initialised,
+            self.grad_scales,
+            self.report.tags,
+            self.branches,
+            self.measured,
+            self.cut_scales,
+            self.residual_name,
+        )
+
+    def record(self) -> Record:
+        """What this pass learned, as a checkpoint keeps it."""
+        return Record(
+            residual_scaling=self.residual_name,
+            initialised=set(self.initialised),
+            grad_scales=dict(self.grad_scales),
+            measured=dict(self.measured),
+            cut_scales=dict(self.cut_scales),
+        )
+
+    def restore(self, record: Record, where: str) -> None:
+        """Take ``record`` (of the weights the model now holds): every parameter
+        counts as initialised, and measured scales are reused, not measured."""
+        if record.residual_scaling != self.residual_name:
+            raise ValueError(
+                f"{where} was trained with unit_scale(residual_scaling="
+                f"{record.residual_scaling!r}), but this model was made with "
+                f"residual_scaling={self.residual_name!r}: the residual weights, "
+                "and so the function, would differ. Pass the same residual_scaling"
+            )
+        self.initialised.update(record.initialised)
+        self.grad_scales.update(record.grad_scales)
+        self.measured.update(record.measured)
+        self.cut_scales.update(record.cut_scales)
+
+    def count_branches(self, state: Any) -> None:
+        """After the first call: the residual branches of every graph it ran."""
+        self.branches = sum(
+            self.residual_counts.get(id(c.graph_module), 0)
+            for c in state.graphs_run_in_call
+        )
+
+    def check_shared_graphs(self, state: Any, output: Any) -> None:
+        """After each call: u-μP's residual weights depend on a branch's depth,
+        so a graph with residual branches must not run for several blocks (as
+        TorchDynamo shares one graph between the identical blocks of a model
+        that graph breaks split, e.g. at FSDP2's hooks)."""
+        if self.residual_scaling is None:
+            return
+        runs = Counter(
+            id(c.graph_module)
+            for c in state.graphs_run_in_call
+            if self.residual_counts.get(id(c.graph_module))
+        )
+        if any(n > 1 for n in runs.values()):
+            raise RuntimeError(
+                "unit_scale(residual_scaling=...): TorchDynamo ran one captured "
+                "graph for several blocks of this model (it shares a graph "
+                "between identical blocks when graph breaks, such as FSDP2's "
+                "hooks, split the forward at block boundaries), but the "
+                "depth-dependent residual weights differ from block to block. Use "
+                'residual_scaling="fixed" for a model split like this'
+            )
+
+    def _constants_before(self, context: CaptureContext) -> set[int]:
+        """Ids of the constants that earlier graphs of this call passed on."""
+        found = set()
+        for gm, outputs in context.graphs_before:
+            for i in self.constant_outputs.get(id(gm), ()):
+                if i < len(outputs) and outputs[i] is not None:
+                    found.add(id(outputs[i]))
+        return found
+
+    def _calibrate_gradients(
+        self,
+        gm: GraphModule,
+        values: GraphValues,
+        context: CaptureContext,
+        readable: dict[Node, str],
+    ) -> None:
+        """Bring gradients to unit scale where the rules leave their scale free
+        (see ``_gradients``): cut vertices, measured at every capture, and
+        parameters, measured at the first capture that uses them and reused."""
+        graph = gm.graph
+        for node, name in readable.items():
+            factor = self.grad_scales.get(name, 1.0)
+            if factor != 1:
+                scale_gradient(graph, node, factor)
+        new = [n for n in readable if readable[n] not in self.grad_scales]
+        cuts, ancestors = cut_vertices(graph, values)
+        # Only where an op with a rule or a calibrated region hands over a tensor:
+        # inside a region, a correction would fight the region's own scale.
+        cuts = [
+            n
+            for n in cuts
+            if n.op == "call_function"
+            and n.target in OURS
+            and n.target is not scale_bwd
+        ]
+        # A vertex's gradient depends on what is summed downstream of it (the
+        # tokens of a broadcast conditioning vector): keyed by the shapes of
+        # the graph's data inputs too, beyond their batch dimension.
+        inputs = [
+            n for n in graph.find_nodes(op="placeholder") if values.kind(n) is Kind.DATA
+        ]
+        seen: Counter[Any] = Counter()
+        keys = {
+            vertex: key_to_text(
+                capture_key(
+                    module_path(vertex),
+                    op_name(vertex),
+                    [vertex, *inputs],
+                    values,
+                    seen,
+                )
+            )
+            for vertex in cuts
+        }
+        if not new and all(key in self.cut_scales for key in keys.values()):
+            # All measured at an earlier capture (or read from a checkpoint).
+            known = {
+                v: factor for v in cuts if (factor := self.cut_scales[keys[v]]) != 1
+            }
+            self._correct_cuts(graph, values, known)
+            self._report_grad_scales()
+            return
+        measured = calibrate_gradients(gm, context, values, cuts)
+        if isinstance(measured, str):
+            logger.info("cannot calibrate gradients: %s", measured)
+            self.grad_scales.update((readable[n], 1.0) for n in new)
+            return
+        position = {n: i for i, n in enumerate(graph.nodes)}
+        corrections: dict[Node, float] = {}
+        for vertex in reversed(cuts):
+            stored = self.cut_scales.get(keys[vertex])
+            if stored is not None:
+                if stored != 1:
+                    corrections[vertex] = stored
+                continue
+            rms = measured.vertices.get(vertex)
+            if rms is None:
+                continue
+            # (judged after the corrections downstream: a gradient zero by
+            # construction is tiny next to the unit-scaled ones around it)
+            rms *= downstream_factor(corrections, ancestors, position[vertex])
+            if rms < ZERO_GRADIENT:
+                continue
+            if not 1 / CUT_TOLERANCE <= rms <= CUT_TOLERANCE:
+                corrections[vertex] = rounded(1 / rms)
+        for vertex in cuts:
+            self.cut_scales.setdefault(keys[vertex], corrections.get(vertex, 1.0))
+        self._correct_cuts(graph, values, corrections)
+        carried = compensate_parameters(
+            graph, list(readable), corrections, ancestors, position
+        )
+        for node in new:
+            factor = 1.0
+            rms = measured.parameters.get(node)
+            if rms is not None:
+                rms *= carried.get(node, 1.0)
+            if (
+                rms is not None
+                and rms > ZERO_GRADIENT
+                and not (1 / PARAMETER_TOLERANCE <= rms <= PARAMETER_TOLERANCE)
+            ):
+                factor = rounded(1 / rms)
+                scale_gradient(graph, node, factor)
+                logger.info(
+                    "unit scaling parameter gradient: %s (calibrated: x%g)",
+                    readable[node],
+                    factor,
+                )
+            self.grad_scales[readable[node]] = factor
+        self._report_grad_scales()
+
+    def _report_grad_scales(self) -> None:
+        records = self.report.parameters
+        for i, record in enumerate(records):
+            if record.name in self.grad_scales:
+                records[i] = dataclasses.replace(
+                    record, grad_scale=self.grad_scales[record.name]
+                )
+
+    def _correct_cuts(
+        self, graph: Graph, values: GraphValues, corrections: dict[Node, float]
+    ) -> None:
+        for vertex, factor in corrections.items():
+            values.record_like(scale_gradient(graph, vertex, factor), vertex)
+            logger.info(
+                "unit scaling gradient: %s (calibrated at a cut vertex: x%g)",
+                vertex,
+                factor,
+            )
+            self.report.ops.append(
+                OpRecord("gradient", "calibrated", module_path(vertex), f"x{factor:g}")
+            )
+
+    def _initialise_parameters(
+        self, graph: Graph, values: GraphValues, context: CaptureContext
+    ) -> dict[Node, str]:
+        names = context.parameter_names
+        stand_ins = fsdp_unsharded_parameters(context.module)
+        placeholders = list(graph.find_nodes(op="placeholder"))
+        params = {
+            node: value
+            for node, value in zip(placeholders, context.example_inputs, strict=False)
+            if isinstance(value, nn.Parameter)
+        }
+        readable = {
+            node: (names.get(id(p)) or [node.meta.get("source_name", node.name)])[0]
+            for node, p in params.items()
+        }
+        roles = graph_roles(graph, values, readable)
+        retagged = []
+        for node, role in roles.items():
+            aliases = names.get(id(params[node]), [readable[node]])
+            record = self.report.tags.get(aliases[0])
+            param = stand_ins.get(id(params[node]), params[node])
+            if record is not None:
+                new = tag_from_graph(param, record, role)
+                if _LR_GROUP[new.mup_type] != _LR_GROUP[record.mup_type]:
+                    retagged.append(f"{new.name} ({new.mup_type})")
+                self.report.tags.update(dict.fromkeys(aliases, new))
+            if any(a in self.initialised for a in aliases):
+                done = "initialised before"
+            elif param is not params[node]:
+                raise RuntimeError(
+                    f"unit_scale initialises {aliases[0]} at the model's first call, "
+                    "but FSDP2 (fully_shard) sharded it before that call: what "
+                    "the first call would write lands in a gathered copy and is "
+                    "lost. Call the transformed model once on an example batch, "
+                    "then shard it"
+                )
+            else:
+                done = initialise(params[node], role)
+                self.initialised.update(aliases)
+                if done != "kept":
+                    logger.info(
+                        "initialising parameter: %s (%s, %s)",
+                        readable[node],
+                        role,
+                        done,
+                    )
+            self.report.parameters.append(ParameterRecord(readable[node], role, done))
+        if retagged:
+            logger.warning(
+                "unit_scale: the first call showed the u-μP type of %d parameters "
+                "no layer declares: %s. An optimizer built before this call gave "
+                "them the learning rate of their generic type; build it again",
+                len(retagged),
+                ", ".join(retagged),
+            )
+        return readable
+
+    def _freeze_functorch_sections(
+        self, graph: Graph, values: GraphValues
+    ) -> set[Node]:
+        """Code traced under ``vmap`` is left exactly as it is (its tensors carry
+        batch levels a rewrite would break): its nodes become constants to every
+        later stage, and the section is reported. Returns its nodes."""
+        frozen: set[Node] = set()
+        for section in functorch_sections(graph):
+            frozen.update(section)
+            ops = [n for n in section if not is_functorch_internal(n.target)]
+            names = "+".join(dict.fromkeys(op_name(n) for n in ops)) or "vmap"
+            for node in section:
+                values.kinds[node] = Kind.CONST
+            anchor = ops[-1] if ops else section[-1]
+            self.report.ops.append(
+                OpRecord(
+                    names,
+                    "left as is",
+                    module_path(anchor),
+                    "code traced under vmap (e.g. associative_scan) is not rewritten",
+                )
+            )
+        return frozen
+
+    def __call__(self, gm: GraphModule, context: CaptureContext) -> GraphModule:
+        graph = gm.graph
+        report = self.report
+        before = len(report.ops)
+        functionalize_inplace(graph)
+        replace_functions(graph, self.replace, self.found)
+        values = graph_values(
+            gm,
+            context.example_inputs,
+            set(context.buffers) | self._constants_before(context),
+        )
+        frozen = self._freeze_functorch_sections(graph, values)
+        for rule, node in rewrite_patterns(graph, values):
+            record_op(report, node, "analytic", f"recognised: {rule}")
+        replace_with_unit_scaled(graph, values, report)
+        residuals = find_residuals(graph, values)
+        self.residual_counts[id(gm)] = len(residuals)
+        if self.residual_scaling is not None:
+            # Branch i of this graph is branch ``before + i`` of the forward.
+            before = sum(
+                self.residual_counts.get(id(g), 0) for g, _ in context.graphs_before
+            )
+            total = max(self.branches or 0, before + len(residuals))
+            tau = self.residual_scaling
+            residuals = [
+                dataclasses.replace(r, tau=tau(before + i, total))
+                for i, r in enumerate(residuals)
+            ]
+        for residual in residuals:
+            rewrite_residual(graph, residual, values)
+            record_op(report, residual.root, "residual", f"tau={residual.tau}")
+        unit_scale_adds(graph, values, report)
+        readable = self._initialise_parameters(graph, values, context)
+        scale_broadcast_gradients(graph, values)
+        calibrate_regions(gm, values, report, frozen, self.measured)
+        placeholders = zip(
+            graph.find_nodes(op="placeholder"), context.example_inputs, strict=False
+        )
+        model_inputs = {
+            node
+            for node, value in placeholders
+            if id(value) in context.call_inputs and values.is_data(node)
+        }
+        unconstrain_consistently(graph, values)
+        unconstrain_inputs(graph, model_inputs)
+        scale_direct_parameter_gradients(graph, values)
+        self._calibrate_gradients(gm, values, context, readable)
+        self.constant_outputs[id(gm)] = _constant_outputs(graph, values)
+        write_to_config(context.module, encode(self.record()))
+        left = [r for r in report.ops[before:] if r.how == "left as is"]
+        if left:
+            logger.warning(
+                "unit_scale left %d op(s) of %s as they are, with neither a "
+                "unit-scaling rule nor a calibrated scale: %s. Pass "
+                "replace={op: unit_scaled_op} for these, or see "
+                "model.unit_scale_report().",
+                len(left),
+                type(context.module).__name__,
+                report.warning_text(left),
+            )
+        return gm
+
+
+def _constant_outputs(graph: Graph, values: GraphValues) -> frozenset[int]:
+    """Positions of the graph's outputs that are floating-point constants."""
+    output = next(iter(graph.find_nodes(op="output")))
+    returned = output.args[0] if isinstance(output.args[0], (tuple, list)) else ()
+    return frozenset(
+        i
+        for i, node in enumerate(returned)
+        if isinstance(node, Node)
+        and values.kind(node) is Kind.CONST
+        and (info := values.tensor(node)) is not None
+        and info.is_float
+    )
