@@ -463,11 +463,11 @@ def test_nanogpt_positions_are_pruned_as_non_float() -> None:
 # Statistics: the C++ kernel, the torch kernel and the definitions agree.
 # --------------------------------------------------------------------------- #
 
-track_scales_module = importlib.import_module("unit_scaling.transforms.track_scales")
-_raw_statistics = track_scales_module._raw_statistics
-_raw_statistics_kernel = track_scales_module._raw_statistics_kernel
-_NATIVE = track_scales_module._NATIVE
-_KERNELS = track_scales_module._KERNELS
+statistics_module = importlib.import_module("unit_scaling.transforms._statistics")
+metrics_module = importlib.import_module("unit_scaling.transforms._metrics")
+tracking_module = importlib.import_module("unit_scaling.transforms._tracking")
+_NATIVE = statistics_module._NATIVE
+_KERNELS = statistics_module._KERNELS
 
 
 def _defined(t: Tensor) -> Metrics.Data:
@@ -598,9 +598,9 @@ def test_native_kernel_runs_on_cpu_float32() -> None:
 def test_parallel_statistics_equal_serial(monkeypatch: pytest.MonkeyPatch) -> None:
     t = _special(300_001)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
-    monkeypatch.setattr(track_scales_module, "_NUMEL_PER_THREAD", 1 << 30)
+    monkeypatch.setattr(statistics_module, "_NUMEL_PER_THREAD", 1 << 30)
     serial = _measure(t)
-    monkeypatch.setattr(track_scales_module, "_NUMEL_PER_THREAD", 1 << 12)
+    monkeypatch.setattr(statistics_module, "_NUMEL_PER_THREAD", 1 << 12)
     _close(_measure(t), serial, rel=1e-9)
 
 
@@ -611,13 +611,13 @@ def test_parallel_statistics_equal_serial(monkeypatch: pytest.MonkeyPatch) -> No
 
 def _count_statistics(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     shapes: list[tuple[int, ...]] = []
-    measure = track_scales_module._raw_statistics
+    measure = tracking_module.raw_statistics
 
     def counted(t: Tensor, *args: Any) -> Tensor:
         shapes.append(tuple(t.shape))
         return measure(t, *args)
 
-    monkeypatch.setattr(track_scales_module, "_raw_statistics", counted)
+    monkeypatch.setattr(tracking_module, "raw_statistics", counted)
     return shapes
 
 
@@ -670,11 +670,11 @@ def test_changed_parameters_are_measured_again() -> None:
 
 
 def test_reused_memory_is_measured_again() -> None:
-    tracking = track_scales_module._TrackingPass()
+    tracking = tracking_module.TrackingPass()
     first = tracking._measure(torch.ones(1000))
     second = tracking._measure(torch.full((1000,), 2.0))  # may reuse memory
     assert first[0] is not second[0]
-    assert track_scales_module._finalize(second[0].tolist(), 1000).mean_abs == 2.0
+    assert metrics_module.finalize(second[0].tolist(), 1000).mean_abs == 2.0
 
 
 def test_inference_tensors_are_measured() -> None:
