@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 OUTPUT_CHANGE_SCALES = ("O(logn)", "default", "O(n)", "O(1)")
+"""The values :func:`calculate_init` takes for ``output_change_scale``."""
 
 
 def calculate_init(num_res_layers: int, output_change_scale: str = "O(logn)") -> float:

@@ -57,8 +57,11 @@ __all__ = [
 ]
 
 VOCAB_SIZE = 256
+"""Tokens are bytes: the vocabulary has 256 entries."""
 SPLITS = ("train", "validation")
+"""The corpus's splits, as :meth:`Corpus.get_batch` names them."""
 DEFAULT_MAX_BYTES = 4 * 2**20
+"""How many bytes of source a :class:`Corpus` reads by default (4 MiB)."""
 
 # Third-party code, generated per-machine files, tests with odd encodings, and
 # packages that distributions ship separately: skipping them keeps the corpus the

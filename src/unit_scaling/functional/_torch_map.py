@@ -120,3 +120,5 @@ torch_map: dict[Callable[..., Any], Callable[..., Any]] = {
     # because it must first tell residual adds from plain ones)
     torch.add: add,
 }
+"""Each torch function (and ``Tensor`` method, by name) that has a unit-scaled
+equivalent, mapped to that equivalent: what ``unit_scale`` replaces."""
