@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from torch import Tensor, nn
 from torch.fx import GraphModule
@@ -14,7 +14,7 @@ from torch.fx import GraphModule
 from .. import functional as U
 from .._fx_names import module_path
 from ..modules import MHSA, Linear, LinearReadout
-from ..transforms._engine import Place, Transform, extend_in_place, transform_state
+from ..transforms._engine import M, Place, Transform, extend_in_place, transform_state
 from ..transforms._graph import example_value
 from ..transforms._rules import UNIT_SCALED_FUNCTIONS
 from . import _gemm
@@ -25,7 +25,6 @@ from ._modules import Float8Layer, Float8Linear, Float8LinearReadout, Float8MHSA
 
 # One logger for the whole package, whichever of its modules warns.
 logger = logging.getLogger("unit_scaling.float8")
-M = TypeVar("M", bound=nn.Module)
 
 Filter = Callable[[nn.Module, str], bool]
 

@@ -44,6 +44,7 @@ __all__ = [
     "CaptureContext",
     "CapturePass",
     "GraphPass",
+    "M",
     "Place",
     "RunState",
     "StatefulPass",
@@ -55,6 +56,7 @@ __all__ = [
 
 logger = logging.getLogger("unit_scaling.transforms")
 
+# The type of a module a transform takes and returns (the same class).
 M = TypeVar("M", bound=nn.Module)
 Backend = Callable[[GraphModule, Sequence[Any]], Callable[..., Any]]
 

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
-from torch import nn
 from torch.fx import GraphModule
 
 from ._dynamo import inductor_backend
-from ._engine import Place, Transform, apply_transform
+from ._engine import M, Place, Transform, apply_transform
 
 __all__ = ["compile"]
-
-M = TypeVar("M", bound=nn.Module)
 
 
 def _inductor(gm: GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:

@@ -5,23 +5,22 @@ from __future__ import annotations
 import logging
 import operator
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from torch.fx import Graph, GraphModule, Node
 
 from .. import functional as U
 from ..formats import FP8_E4M3, FP8_E5M2, FPFormat
-from ._engine import GraphPass, Place, Transform, apply_transform
+from ._engine import GraphPass, M, Place, Transform, apply_transform
 from ._graph import is_float_tensor_node
 from ._rules import UNIT_SCALED_FUNCTIONS
 
 __all__ = ["simulate_format", "simulate_fp8"]
 
 logger = logging.getLogger(__name__)
-M = TypeVar("M", bound=nn.Module)
 
 # The ops that would run in the low-precision format on hardware.
 _QUANTISED_FUNCTIONS = {

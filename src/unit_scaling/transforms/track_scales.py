@@ -16,11 +16,10 @@ provably the same (views, aliases, unchanged parameters) are measured once.
 from __future__ import annotations
 
 import logging
-from typing import TypeVar
 
 from torch import nn
 
-from ._engine import Place, Transform, apply_transform, transform_state
+from ._engine import M, Place, Transform, apply_transform, transform_state
 from ._input_grads import InputGradFallback, make_inputs_require_grad
 from ._metrics import Metrics
 from ._pruning import (
@@ -41,7 +40,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-M = TypeVar("M", bound=nn.Module)
 
 
 def track_scales(module: M) -> M:

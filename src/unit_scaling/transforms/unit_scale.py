@@ -6,7 +6,7 @@ import functools
 import logging
 import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -20,6 +20,7 @@ from ._checkpoint import (
     record_in_config,
 )
 from ._engine import (
+    M,
     Place,
     Transform,
     apply_transform,
@@ -51,7 +52,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-M = TypeVar("M", bound=nn.Module)
 
 
 def unit_scale(
