@@ -39,6 +39,25 @@ def test_the_rule_runs_with_its_dims_fixed() -> None:
         made(x, n=3)  # type: ignore[call-arg]
 
 
+def test_a_wrong_call_is_reported_against_the_made_function() -> None:
+    x, w = torch.randn(2, 4, 8, 8), torch.randn(8, 4, 3, 3)
+    with pytest.raises(
+        TypeError, match=r"^conv2d\(\): got an unexpected keyword argument 'strid'"
+    ):
+        U.conv2d(x, w, strid=2)  # type: ignore[call-arg]
+    with pytest.raises(
+        TypeError, match=r"^max_pool2d\(\): missing a required argument: 'kernel_size'"
+    ):
+        U.max_pool2d(x)  # type: ignore[call-arg]
+    with pytest.raises(
+        TypeError, match=r"^conv3d\(\): got an unexpected keyword argument 'n'"
+    ):
+        U.conv3d(x, w, n=3)  # type: ignore[call-arg]
+    # a TypeError from inside the rule is the rule's own
+    with pytest.raises(TypeError, match="unsupported operand"):
+        for_dims(_rule, 1, Template("$name"))(torch.ones(2), k=None)  # type: ignore[arg-type]
+
+
 def test_a_made_function_is_named_documented_and_signed_as_torch_names_it() -> None:
     made = for_dims(_rule, 2, Template("$name over $axes, kernel $kernel_numel"))
     assert made.__name__ == made.__qualname__ == "rule2d"

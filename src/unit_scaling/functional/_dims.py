@@ -49,9 +49,23 @@ def for_dims(
     """
     template = cast(types.FunctionType, rule)
     name = f"{template.__name__.lstrip('_')}{n}d"
+    signature = inspect.signature(template)
+    first, *parameters = signature.parameters.values()
+    signature = signature.replace(parameters=parameters)
 
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        return rule(n, *args, **kwargs)
+        try:
+            return rule(n, *args, **kwargs)
+        except TypeError as error:
+            # Raised by the call itself (no frame of the rule's), it would name
+            # the rule and count ``n``: say it of this function's arguments.
+            if error.__traceback__ is None or error.__traceback__.tb_next is not None:
+                raise
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError as wrong:
+                raise TypeError(f"{name}(): {wrong}") from None
+            raise
 
     # Made again with the rule's globals: doctest takes a module's functions to be
     # those whose globals are the module's.
@@ -62,9 +76,7 @@ def for_dims(
     function.__qualname__ = name
     function.__module__ = template.__module__
     function.__doc__ = doc.substitute(axis_names(n), name=name, **text)
-    signature = inspect.signature(template)
-    first, *parameters = signature.parameters.values()
-    function.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    function.__signature__ = signature  # type: ignore[attr-defined]
     function.__annotations__ = {
         key: value
         for key, value in template.__annotations__.items()
