@@ -30,6 +30,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_kernels",
         "_fx_names",
         "_torch_internals",
+        "_standins",
         "scale",
         "constraints",
         "core",

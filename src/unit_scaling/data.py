@@ -142,7 +142,7 @@ def _load(root: Path, max_bytes: int, validation_fraction: float) -> _Splits:
     def as_tensor(parts: list[bytes]) -> Tensor:
         joined = bytearray(b"".join(parts))
         if not joined:
-            return torch.empty(0, dtype=torch.uint8)
+            return torch.empty(0, dtype=torch.uint8, device="cpu")
         # clone: the tensor owns its memory instead of borrowing the bytearray's
         return torch.frombuffer(joined, dtype=torch.uint8).clone()
 
@@ -168,7 +168,7 @@ def _check_positive(name: str, value: int) -> None:
 
 def _as_generator(generator: torch.Generator | int | None) -> torch.Generator | None:
     if isinstance(generator, int) and not isinstance(generator, bool):
-        return torch.Generator().manual_seed(generator)
+        return torch.Generator(device="cpu").manual_seed(generator)
     if generator is None or isinstance(generator, torch.Generator):
         return generator
     raise TypeError(
@@ -288,9 +288,12 @@ class Corpus:
                 "use a shorter seq_len or a larger max_bytes"
             )
         starts = torch.randint(
-            data.numel() - seq_len, (batch_size,), generator=_as_generator(generator)
+            data.numel() - seq_len,
+            (batch_size,),
+            generator=_as_generator(generator),
+            device=data.device,
         )
-        windows = data[starts[:, None] + torch.arange(seq_len + 1)]
+        windows = data[starts[:, None] + torch.arange(seq_len + 1, device=data.device)]
         return windows.to(device=device, dtype=torch.long)
 
     def batches(
@@ -316,7 +319,7 @@ class Corpus:
         _check_split(split)
         _check_positive("batch_size", batch_size)
         _check_positive("seq_len", seq_len)
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator(device="cpu").manual_seed(seed)
         return self._stream(split, batch_size, seq_len, generator, device)
 
     def _stream(
@@ -382,7 +385,7 @@ def encode(text: str) -> Tensor:
         >>> encode("hi")
         tensor([104, 105])
     """
-    return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
+    return torch.tensor(list(text.encode("utf-8")), dtype=torch.long, device="cpu")
 
 
 def decode(tokens: Tensor | Sequence[int]) -> str:

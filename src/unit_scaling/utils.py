@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.fx import Graph, Node
 
 from ._fx_names import BINARY_OPERATORS, target_name
+from ._standins import normal_like, seeded
 from ._torch_internals import pytree
 from .transforms import track_scales
 
@@ -266,11 +267,9 @@ def _highlight(code: str) -> str:
 
 
 def _default_gradients(outputs: list[Tensor]) -> list[Tensor]:
-    generator = torch.Generator().manual_seed(0)
+    generator = seeded(0)
     return [
-        torch.ones_like(t)
-        if t.numel() == 1
-        else torch.randn(t.shape, generator=generator, dtype=t.dtype).to(t.device)
+        torch.ones_like(t) if t.numel() == 1 else normal_like(t, generator)
         for t in outputs
     ]
 

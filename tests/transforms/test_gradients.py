@@ -303,3 +303,73 @@ def test_norm_statistics_are_not_broadcast_scaled(
     caplog.set_level("INFO", logger="unit_scaling.transforms.unit_scale")
     unit_scale(HandNorm())(torch.randn(4, 8, 32))
     assert not any("broadcast" in r.getMessage() for r in caplog.records)
+
+
+class SummedMLP(nn.Module):
+    """The seed library's test model: an MLP returning its output and the sum
+    of it, which the test backpropagates (a loss inside the traced graph whose
+    gradient is all ones, the same for every row of the batch)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        x = self.down(F.gelu(self.up(self.norm(x))))
+        x = F.dropout(x, 0.2)
+        return x, x.sum()
+
+
+def _std(t: Tensor) -> float:
+    return float(t.detach().double().std())
+
+
+def test_a_summed_loss_inside_the_graph_keeps_unit_weight_gradients() -> None:
+    # The sum's all-ones gradient adds up coherently over the batch: the
+    # second weight's gradient gets a mean of about 3.6 next to a unit spread.
+    # Calibrated to unit RMS (as before the fix) its spread fell to 0.28.
+    torch.manual_seed(0)
+    model = unit_scale(SummedMLP(256))
+    x = torch.randn(64, 256, requires_grad=True)
+    _, loss = model(x)
+    loss.backward()
+    for name in ("norm.weight", "up.weight", "down.weight"):
+        grad = model.get_parameter(name).grad
+        assert grad is not None
+        assert _std(grad) == pytest.approx(1, abs=0.2), name
+    down = model.get_parameter("down.weight").grad
+    assert down is not None and _rms(down) > 2  # the loss's mean, left as it is
+    # Biases, whose spread is far from unit, are still calibrated.
+    for name in ("norm.bias", "up.bias"):
+        grad = model.get_parameter(name).grad
+        assert grad is not None
+        assert _rms(grad) == pytest.approx(1, rel=0.15), name
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_real_language_model_losses_keep_every_gradient_at_unit_scale(
+    name: str,
+) -> None:
+    # A cross-entropy inside the graph (labels=): every parameter gradient
+    # has a unit spread, and an RMS no smaller. Calibrated to unit RMS (as
+    # before the fix), the final norm's gain, whose gradient has a large mean,
+    # had its spread shrunk to 0.26.
+    from unit_scaling import zoo
+
+    model = zoo.get(name)
+    if not model.available():
+        pytest.skip(f"{name} needs {model.requires}")
+    module = model.make(0)
+    # Enough tokens for the loss's gradient to add up coherently (8 x 64).
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(module.config.vocab_size, (8, 64), generator=generator)
+    scaled = unit_scale(module)
+    scaled(input_ids=ids, labels=ids).loss.backward()
+    for param_name, param in scaled.named_parameters():
+        if param.grad is None or param.grad.numel() < 2:
+            continue
+        std, rms = _std(param.grad), _rms(param.grad)
+        assert 0.75 < std < 1.25, f"{param_name}: std {std:.3f}, rms {rms:.3f}"
+        assert rms > 0.8, f"{param_name}: std {std:.3f}, rms {rms:.3f}"

@@ -20,10 +20,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 from torch.fx import Graph
 
+from .._standins import normal_like, seeded
 from ..transforms import prune_same_scale_tensors, track_scales, unit_scale
 
 __all__ = ["CoverageReport", "unit_scale_coverage"]
@@ -145,8 +145,7 @@ def _measure(
             "output must pick a floating-point tensor from the model's output, got "
             f"{type(result).__name__}"
         )
-    generator = torch.Generator().manual_seed(seed + 2000)
-    grad = torch.randn(result.shape, generator=generator).to(result)
+    grad = normal_like(result, seeded(seed + 2000))
     result.backward(grad)  # type: ignore[no-untyped-call]
     parameters = []
     zero: list[str] = []

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._standins import normal_like, seeded
+
 __all__ = ["HF_FAMILIES", "add_arguments", "load_model", "run"]
 
 
@@ -166,8 +168,7 @@ def run(args: argparse.Namespace) -> list[Path]:
             loss.backward()  # type: ignore[no-untyped-call]
         else:
             out = zoo_model.run(tracked, args.seed, 0)
-            grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
-            out.backward(grad.to(out))
+            out.backward(normal_like(out, seeded(0)))
         return tracked
 
     args.out.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import functional as U
+from .._standins import normal, seeded
 from ..modules.transformer import TransformerDecoder, TransformerLayer
 from ._graph import (
     AttentionSite,
@@ -137,10 +138,12 @@ def export_decoder(
                 "sequence length: pass example token ids, e.g. "
                 "to_plain(model, (input_ids,)), or seq_len=..."
             )
-        g = torch.Generator().manual_seed(0)
         example = torch.randint(
-            decoder.embedding.num_embeddings, (1, seq_len), generator=g
-        )
+            decoder.embedding.num_embeddings,
+            (1, seq_len),
+            generator=seeded(0),
+            device="cpu",
+        ).to(decoder.embedding.weight.device)
     seq_len = int(example.shape[-1])
     vocab, hidden = decoder.embedding.weight.shape
     stack = [cast(TransformerLayer, layer) for layer in decoder.layers]
@@ -193,8 +196,8 @@ def export_decoder(
 
 def _residual_weights(tau: float) -> tuple[float, float]:
     """``(a, b)`` of ``U.residual_add(r, s, tau) = a r + b s``."""
-    one = torch.ones(1, dtype=torch.float64)
-    zero = torch.zeros(1, dtype=torch.float64)
+    one = torch.ones(1, dtype=torch.float64, device="cpu")
+    zero = torch.zeros(1, dtype=torch.float64, device="cpu")
     return (
         float(U.residual_add(one, zero, tau)),
         float(U.residual_add(zero, one, tau)),
@@ -215,9 +218,9 @@ def _ratios(
     """
     weight = decoder.embedding.weight
     hidden = weight.shape[1]
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(4, hidden, generator=g).to(weight)
-    ids = torch.arange(min(weight.shape[0], 16)).unsqueeze(0)
+    g = seeded(0)
+    x = normal((4, hidden), g, weight.device, weight.dtype)
+    ids = torch.arange(min(weight.shape[0], 16), device=weight.device).unsqueeze(0)
     s_embedding = proportion(decoder.embedding(ids), F.embedding(ids, weight))
     s_norm = proportion(decoder.final_norm(x), F.rms_norm(x, (hidden,)))
     assert s_embedding is not None and s_norm is not None
@@ -249,7 +252,7 @@ def _ratios(
         )
         a, b = _residual_weights(layer.mlp_tau)
         stream /= b
-        gate = torch.randn(4, 8, generator=g).double()
+        gate = normal((4, 8), g, "cpu", torch.float64)
         glu = proportion(
             U.silu_glu(gate, gate, mlp.mult), gate * F.silu(mlp.mult * gate)
         )

@@ -132,7 +132,8 @@ def attention_scale_at(site: AttentionSite, length: int) -> float | None:
     of the same pattern; ``None`` for a mask of another pattern (padding)."""
     if site.mask == "other":
         return None
-    q = torch.zeros(1, 1, length, site.head_dim)
+    # (a probe of the scale rule, not of the model's values: on the CPU)
+    q = torch.zeros(1, 1, length, site.head_dim, device="cpu")
     mask = None
     if site.mask != "none":
         mask = _pattern(site.mask, length, site.window, torch.device("cpu"))
@@ -153,7 +154,7 @@ def attention_scale_at(site: AttentionSite, length: int) -> float | None:
 
 def attention_temperature(site: AttentionSite) -> float:
     """The softmax temperature of the unit-scaled attention ``site``."""
-    q = torch.zeros(1, 1, 1, site.head_dim)
+    q = torch.zeros(1, 1, 1, site.head_dim, device="cpu")
     temperature, _ = attention_scales(
         "export", q, q, q, None, 0.0, site.is_causal, site.scale, False, site.mult
     )

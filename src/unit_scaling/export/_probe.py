@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._standins import normal_like, seeded
 from .._torch_internals import pytree
 from ._solver import RatioSystem
 
@@ -126,12 +127,12 @@ def with_stand_ins(leaves: Sequence[Any], units: Sequence[Unit]) -> list[Any]:
     """``leaves`` with each all-zero input tensor among ``units`` (a bias at
     zero, say) replaced by a fixed random one: a zero tensor scales by anything,
     so it would say nothing of how the op scales."""
-    generator = torch.Generator().manual_seed(0)
+    generator = seeded(0)
     out = list(leaves)
     for i, j in units:
         x = pick(out[i], j)
         if _is_float(x) and x.numel() and not bool(x.any()):
-            stand_in = torch.randn(x.shape, generator=generator).to(x)
+            stand_in = normal_like(x, generator)
             if j is None:
                 out[i] = stand_in
             else:

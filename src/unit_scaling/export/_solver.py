@@ -146,8 +146,8 @@ class RatioSystem:
             members.setdefault(root, []).append((v, offset))
         roots = [r for r in members if r != ONE]
         index = {r: i for i, r in enumerate(roots)}
-        weight = torch.zeros(len(roots), dtype=torch.float64)
-        centre = torch.zeros(len(roots), dtype=torch.float64)
+        weight = torch.zeros(len(roots), dtype=torch.float64, device="cpu")
+        centre = torch.zeros(len(roots), dtype=torch.float64, device="cpu")
         for r in roots:
             w = [max(cost(v), 1e-12) for v, _ in members[r]]
             weight[index[r]] = sum(w)
@@ -157,7 +157,7 @@ class RatioSystem:
             ) / sum(w)
         rows = []
         for eq in self._multi:
-            row = torch.zeros(len(roots), dtype=torch.float64)
+            row = torch.zeros(len(roots), dtype=torch.float64, device="cpu")
             rhs = eq.const
             for v, c in eq.terms.items():
                 root, offset = self._find(v)
@@ -185,7 +185,7 @@ def _least_change(
     if not rows:
         return centre
     a = torch.stack([r[0] for r in rows])
-    b = torch.tensor([r[1] for r in rows], dtype=torch.float64)
+    b = torch.tensor([r[1] for r in rows], dtype=torch.float64, device="cpu")
     spread = weight.rsqrt()
     z: torch.Tensor = torch.linalg.pinv(a * spread) @ (b - a @ centre)
     return centre + spread * z

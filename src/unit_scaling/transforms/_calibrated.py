@@ -254,7 +254,10 @@ def calibrate_regions(
             )
         if applied:
             factors = ", ".join(f"{n.name} x{f:g}" for n, f in applied)
-            logger.info("unit scaling function: %s (calibrated: %s)", anchor, factors)
+            # (the name alone on its line, as users grep for it; the factors
+            # are in the report's detail)
+            logger.info("unit scaling function: %s", anchor)
+            logger.debug("calibrated output scales of %s: %s", anchor, factors)
             detail = ", ".join(f"x{f:g}" for _, f in applied)
             report.ops.append(OpRecord(op, "calibrated", module_path(anchor), detail))
         else:

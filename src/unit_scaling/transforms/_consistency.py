@@ -143,7 +143,9 @@ def _probe_grad(
     kwargs: dict[str, Any],
     constraint: str | None,
 ) -> Tensor:
-    x = torch.linspace(-2, 2, math.prod(shape), dtype=torch.float64).reshape(shape)
+    # (a probe of the op's scale rule, not of the model's values: on the CPU)
+    x = torch.linspace(-2, 2, math.prod(shape), dtype=torch.float64, device="cpu")
+    x = x.reshape(shape)
     x.requires_grad_()
     assert callable(node.target)
     out = node.target(x, *args[1:], **{**kwargs, "constraint": constraint})

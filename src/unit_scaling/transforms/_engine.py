@@ -38,6 +38,7 @@ from torch.fx import GraphModule
 
 from .._torch_internals import fsdp_unsharded_parameters, pytree
 from . import _dynamo
+from ._fallbacks import fell_back
 from ._replay import InputSpec, Replay, input_specs, record, signature_key
 
 __all__ = [
@@ -447,7 +448,7 @@ class TransformedForward:
                 if replay is not None:
                     state.replays[key] = replay
             except Exception as error:  # replay is an optimisation: never fail here
-                logger.info("cannot prepare replay under torch.compile: %r", error)
+                fell_back("prepare replay under torch.compile", "this call", error)
         for capture in ran:
             capture.last_outputs = None
             capture.outputs_in_call = ()

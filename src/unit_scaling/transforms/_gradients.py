@@ -19,7 +19,15 @@ these free scales are set from one measurement: the rewritten graph is run on
 unit-normal stand-ins for its activation inputs, unit-normal gradients are
 backpropagated from the output a loss would use (see :func:`loss_outputs`; the
 geometric mean over a few draws), and each cut vertex and then each parameter gets
-the factor that brings its gradient to unit RMS.
+the factor that brings its gradient to unit scale (see :class:`GradientSize`).
+
+A loss computed inside the graph (``out.sum()``, a cross-entropy on the logits)
+is backpropagated with its real gradient, and that gradient may be correlated: a
+sum sends the same value to every element, and a weight's gradient then sums it
+coherently over the batch, growing a large mean next to its spread. That mean is
+the loss's and the data's, not the ops': a gradient counts as at unit scale when
+unit lies between its spread and its RMS, so a correction never shrinks a unit
+spread under a large mean.
 """
 
 from __future__ import annotations
@@ -32,15 +40,18 @@ import torch
 from torch import Tensor, nn
 from torch.fx import Graph, GraphModule, Node
 
+from .._standins import normal_like, seeded
 from ..scale import scale_bwd
 from ._dynamo import restore_functorch_levels
 from ._engine import CaptureContext
+from ._graph import run_quietly
 from ._targets import RESCALING
 from ._values import GraphValues, Kind, TensorInfo
 
 __all__ = [
     "ZERO_GRADIENT",
     "GradientCalibration",
+    "GradientSize",
     "calibrate_gradients",
     "compensate_parameters",
     "cut_vertices",
@@ -131,12 +142,51 @@ def cut_vertices(
     return cuts, ancestors
 
 
+@dataclasses.dataclass(frozen=True)
+class GradientSize:
+    """A measured gradient's RMS and its standard deviation about its mean.
+
+    The two differ when the gradient has a mean far from zero: a norm's gain,
+    or a weight under a loss that reduces its output (a sum) and so sends
+    correlated gradients to every row of the batch. The gradient is at unit
+    scale when unit lies between them (``std <= 1 <= rms``, within a
+    tolerance); else :meth:`correction` brings the nearer end to unit.
+    """
+
+    rms: float
+    std: float
+
+    @property
+    def finite(self) -> bool:
+        """Whether both measures are finite numbers."""
+        return math.isfinite(self.rms) and math.isfinite(self.std)
+
+    def __mul__(self, factor: float) -> GradientSize:
+        return GradientSize(self.rms * factor, self.std * factor)
+
+    def correction(self, tolerance: float) -> float:
+        """The factor that brings the gradient to unit scale (1 when it is
+        within ``tolerance`` of it).
+
+        Example:
+            >>> GradientSize(rms=3.7, std=1.0).correction(1.1)  # a mean of 3.6
+            1.0
+            >>> GradientSize(rms=4.0, std=4.0).correction(1.1)
+            0.25
+        """
+        if self.std > tolerance:
+            return 1 / self.std
+        if self.rms < 1 / tolerance:
+            return 1 / self.rms
+        return 1.0
+
+
 @dataclasses.dataclass
 class GradientCalibration:
-    """Measured gradient RMS of each cut vertex and each trainable parameter."""
+    """Measured gradient size of each cut vertex and each trainable parameter."""
 
-    vertices: dict[Node, float]
-    parameters: dict[Node, float]
+    vertices: dict[Node, GradientSize]
+    parameters: dict[Node, GradientSize]
 
 
 def _stand_in_inputs(
@@ -144,14 +194,14 @@ def _stand_in_inputs(
 ) -> list[Any]:
     """Unit-normal stand-ins for activation inputs, copies of other tensors (so
     that in-place updates stay local) and the parameters themselves."""
-    generator = torch.Generator().manual_seed(seed)
+    generator = seeded(seed)
     inputs: list[Any] = []
     for node, value in zip(placeholders, context.example_inputs, strict=False):
         if isinstance(value, nn.Parameter):
             inputs.append(value)
         elif values.is_data(node) and isinstance(value, Tensor):
-            x = torch.randn(value.shape, generator=generator)
-            inputs.append(x.to(value).requires_grad_(value.requires_grad))
+            x = normal_like(value, generator)
+            inputs.append(x.requires_grad_(value.requires_grad))
         elif isinstance(value, Tensor):
             inputs.append(value.detach().clone())
         else:
@@ -244,7 +294,7 @@ def calibrate_gradients(
         for node, value in zip(placeholders, context.example_inputs, strict=False)
         if isinstance(value, nn.Parameter) and value.requires_grad
     }
-    generator = torch.Generator().manual_seed(seed + 1)
+    generator = seeded(seed + 1)
     try:
         with (
             torch.random.fork_rng(),
@@ -252,7 +302,8 @@ def calibrate_gradients(
             restore_functorch_levels(),
         ):
             module, count = _with_outputs(gm, vertices)
-            results = module(*_stand_in_inputs(placeholders, context, values, seed))
+            stand_ins = _stand_in_inputs(placeholders, context, values, seed)
+            results = run_quietly(module, *stand_ins)
             chosen = [results[i] for i in loss_outputs(gm.graph, values)]
             chosen = [t for t in chosen if isinstance(t, Tensor) and t.requires_grad]
             inner = {
@@ -270,13 +321,13 @@ def calibrate_gradients(
             # (A large output, such as a language model's logits, averages out
             # by itself: one draw, and no more backward passes than needed.)
             size = max(out.numel() for out in chosen)
-            logs: list[float | None] = [None] * len(wrt)
+            logs: list[tuple[float, float] | None] = [None] * len(wrt)
             draws = GRADIENT_DRAWS if 1 < size < MANY_ELEMENTS else 1
             for draw in range(draws):
                 incoming = [
                     torch.ones_like(out)
                     if out.numel() == 1
-                    else torch.randn(out.shape, generator=generator).to(out)
+                    else normal_like(out, generator)
                     for out in chosen
                 ]
                 received = torch.autograd.grad(
@@ -288,19 +339,36 @@ def calibrate_gradients(
                 )
                 for i, g in enumerate(received):
                     if g is not None:
-                        square = float(g.detach().float().square().mean())
-                        log = math.log(max(square, 1e-300)) / (2 * draws)
-                        logs[i] = (logs[i] or 0.0) + log
+                        square, variance = _moments(g)
+                        log_rms = math.log(max(square, 1e-300)) / (2 * draws)
+                        log_std = math.log(max(variance, 1e-300)) / (2 * draws)
+                        before = logs[i] or (0.0, 0.0)
+                        logs[i] = (before[0] + log_rms, before[1] + log_std)
     except Exception as error:
         return f"{type(error).__name__}: {error}"
-    rms = [None if log is None else math.exp(log) for log in logs]
+    sizes = [
+        None if log is None else GradientSize(math.exp(log[0]), math.exp(log[1]))
+        for log in logs
+    ]
     measured_params = {
-        n: r for n, r in zip(params, rms[: len(params)], strict=True) if r is not None
+        n: r for n, r in zip(params, sizes[: len(params)], strict=True) if r is not None
     }
     measured_vertices = {
-        n: r for n, r in zip(inner, rms[len(params) :], strict=True) if r is not None
+        n: r for n, r in zip(inner, sizes[len(params) :], strict=True) if r is not None
     }
     return GradientCalibration(measured_vertices, measured_params)
+
+
+def _moments(gradient: Tensor) -> tuple[float, float]:
+    """The mean square of ``gradient`` and its variance about its mean (both
+    from one pass in float64 over the float32 values; a single element has no
+    spread of its own, so its variance is its square)."""
+    g = gradient.detach().float()
+    square = float(g.square().mean(dtype=torch.float64))
+    if g.numel() < 2:
+        return square, square
+    mean = float(g.mean(dtype=torch.float64))
+    return square, max(square - mean * mean, 0.0)
 
 
 def scale_gradient(graph: Graph, node: Node, factor: float) -> Node:

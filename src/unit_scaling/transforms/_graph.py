@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.fx import Graph, Node
+from torch.fx import Graph, GraphModule, Node
 
 __all__ = [
     "SAME_ELEMENTS",
@@ -21,6 +21,7 @@ __all__ = [
     "is_float_tensor_node",
     "node_index",
     "retarget",
+    "run_quietly",
 ]
 
 
@@ -251,3 +252,23 @@ def is_view_node(node: Node) -> bool:
             isinstance(source, Node) and is_view_node(source)
         )
     return node in _VIEWS
+
+
+def run_quietly(gm: GraphModule, *args: Any) -> Any:
+    """Run a graph module the library built for its own measurement (a region on
+    stand-ins, a copy of a graph with extra outputs).
+
+    An error propagates to the caller, which falls back and records why; but
+    ``GraphModule.__call__`` would first print the generated code around the
+    failing line to stderr, a traceback the user can do nothing with. Calling
+    ``forward`` runs the same code without that wrapper (and without module
+    hooks, which such a module has none of).
+
+    Example:
+        >>> graph = Graph()
+        >>> x = graph.placeholder("x")
+        >>> _ = graph.output(graph.call_function(torch.neg, (x,)))
+        >>> run_quietly(GraphModule(torch.nn.Module(), graph), torch.ones(2))
+        tensor([-1., -1.])
+    """
+    return gm.forward(*args)

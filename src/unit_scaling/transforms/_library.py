@@ -21,7 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._standins import normal, seeded
 from .._torch_internals import mha_packed_projection
+from ._fallbacks import fell_back
 
 __all__ = ["rewrite_library_modules"]
 
@@ -166,10 +168,10 @@ class CallReplacement(nn.Module):
 
 def _attention_probe(module: nn.Module) -> Tensor:
     assert isinstance(module, (nn.MultiheadAttention, AttentionFunctions))
-    gen = torch.Generator().manual_seed(0)
+    weight = module.out_proj.weight
     shape = (2, 5, module.embed_dim) if module.batch_first else (5, 2, module.embed_dim)
-    x = torch.randn(shape, generator=gen)
-    padding = torch.zeros(2, 5, dtype=torch.bool)
+    x = normal(shape, seeded(0), weight.device, weight.dtype)
+    padding = torch.zeros(2, 5, dtype=torch.bool, device=weight.device)
     padding[0, -1] = True
     out: Tensor = module(x, x, x, key_padding_mask=padding, need_weights=False)[0]
     return out
@@ -191,13 +193,11 @@ def _agrees(original: nn.Module, replacement: nn.Module, probe: Any) -> bool:
     """
     reference = next(original.parameters(), None)
     dtype = reference.dtype if reference is not None else torch.float32
-    device = reference.device if reference is not None else None
-    if device is not None and device.type == "meta":
+    device = reference.device if reference is not None else torch.device("cpu")
+    if device.type == "meta":
         return False
     if not callable(probe):
-        x = torch.randn(probe, generator=torch.Generator().manual_seed(0)).to(
-            dtype=dtype, device=device
-        )
+        x = normal(probe, seeded(0), device, dtype)
 
         def probe(module: nn.Module) -> Any:
             return module(x)
@@ -208,7 +208,8 @@ def _agrees(original: nn.Module, replacement: nn.Module, probe: Any) -> bool:
     try:
         with torch.no_grad():
             expected, actual = probe(original), probe(replacement)
-    except Exception:  # a layer with a different calling convention
+    except Exception as error:  # a layer with a different calling convention
+        fell_back("library rewrite", type(original).__name__, error)
         return False
     finally:
         for m, mode in modes.items():

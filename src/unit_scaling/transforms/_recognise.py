@@ -25,6 +25,9 @@ from torch import Tensor
 from torch.fx import Graph, GraphModule, Node
 
 from .. import functional as U
+from .._standins import normal, seeded
+from ._fallbacks import fell_back
+from ._graph import run_quietly
 from ._regions import Region, subgraph
 from ._values import GraphValues, Kind
 
@@ -126,10 +129,10 @@ def recognise(
     size = x_info.shape[-1]
     # Parameters take random values (around one, as gains are), so that a
     # parameter at its initial value (all ones, all zeros) cannot pass unnoticed.
-    generator = torch.Generator().manual_seed(0)
+    generator = seeded(0)
     params: dict[Node, Tensor] = {}
     leaves: list[Any] = []
-    x = torch.randn(x_info.shape, generator=generator) * 2.5 + 0.7
+    x = normal(x_info.shape, generator, x_info.device) * 2.5 + 0.7
     for node in inputs:
         if node is x_node:
             leaves.append(x.to(x_info.dtype))
@@ -140,13 +143,14 @@ def recognise(
         if values.kind(node) is Kind.PARAM and isinstance(value, Tensor):
             if tuple(value.shape) != (size,):
                 return None
-            params[node] = 1 + 0.3 * torch.randn(size, generator=generator)
+            params[node] = 1 + 0.3 * normal((size,), generator, value.device)
             value = params[node].to(value)
         leaves.append(value)
     try:
         with torch.no_grad():
-            (y,) = subgraph(root, region.nodes, inputs, outputs)(*leaves)
-    except Exception:
+            (y,) = run_quietly(subgraph(root, region.nodes, inputs, outputs), *leaves)
+    except Exception as error:
+        fell_back("recognise", f"{x_node.name} -> {y_node.name}", error)
         return None
     if not isinstance(y, Tensor) or not y.is_floating_point():
         return None

@@ -36,9 +36,10 @@ import torch
 from torch import Tensor
 from torch.fx import Graph, GraphModule, Node
 
+from .._standins import normal, normal_like, seeded
 from ..scale import scale_bwd
 from ._dynamo import is_functorch_internal
-from ._graph import SAME_ELEMENTS, OpSet
+from ._graph import SAME_ELEMENTS, OpSet, run_quietly
 from ._targets import calibrated_scale
 from ._values import GraphValues, Kind, TensorInfo
 
@@ -271,8 +272,7 @@ def _valid_rms(t: Tensor) -> float | None:
 
 
 def _stand_in(info: TensorInfo, generator: torch.Generator) -> Tensor:
-    x = torch.randn(info.shape, generator=generator, dtype=torch.float32)
-    return x.to(device=info.device, dtype=info.dtype).requires_grad_()
+    return normal(info.shape, generator, info.device, info.dtype).requires_grad_()
 
 
 @dataclasses.dataclass
@@ -413,7 +413,7 @@ def _measure(
     """One run of a region's subgraph on its stand-ins: the RMS of each output
     and of the gradient each input receives from unit-scaled output gradients."""
     region_outputs = region.outputs
-    everything = _float_outputs(module(*plan.leaf_values))
+    everything = _float_outputs(run_quietly(module, *plan.leaf_values))
     outputs = everything[: len(region_outputs)]
     fed = dict(zip(plan.prefix, everything[len(region_outputs) :], strict=True))
     for node, out in zip(region_outputs, outputs, strict=True):
@@ -444,8 +444,7 @@ def _measure(
     grads: dict[Node, float] = {}
     if differentiable and sources:
         incoming = [
-            torch.randn(out.shape, generator=generator).to(out) / max(r, 1e-30)
-            for out, r in differentiable
+            normal_like(out, generator) / max(r, 1e-30) for out, r in differentiable
         ]
         received = torch.autograd.grad(
             [out for out, _ in differentiable],
@@ -479,7 +478,7 @@ def calibrate(
     for node in region_outputs:
         if values.infos.get(node) is None:
             return f"the shape of {node.name} is not known at trace time"
-    generator = torch.Generator().manual_seed(seed)
+    generator = seeded(seed)
     plan = _plan(region, values, generator, shapes_output)
     if isinstance(plan, str):
         return plan

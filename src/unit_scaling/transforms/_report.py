@@ -7,6 +7,7 @@ import re
 from collections import Counter
 from typing import Any, Literal
 
+from ._fallbacks import Fallback
 from ._tags import TagRecord
 
 __all__ = ["OpRecord", "ParameterRecord", "UnitScaleReport"]
@@ -73,6 +74,8 @@ class UnitScaleReport:
     parameters: list[ParameterRecord] = dataclasses.field(default_factory=list)
     # The u-μP tags of every parameter, by name (each name of a tied parameter).
     tags: dict[str, TagRecord] = dataclasses.field(default_factory=dict)
+    # Steps that failed and fell back (a recognition, a measurement), and why.
+    fallbacks: list[Fallback] = dataclasses.field(default_factory=list)
 
     @property
     def generic_tags(self) -> list[TagRecord]:
@@ -133,6 +136,7 @@ class UnitScaleReport:
         for row in (header, *rows):
             cells = [str(c).ljust(w) for c, w in zip(row[:4], widths, strict=True)]
             lines.append("  ".join([*cells, str(row[4])]).rstrip())
+        lines.extend(f"fallback: {entry}" for entry in self.fallbacks)
         return "\n".join(lines)
 
     def warning_text(self, records: list[OpRecord]) -> str:

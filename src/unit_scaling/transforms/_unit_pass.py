@@ -40,10 +40,12 @@ from ._engine import (
     CaptureContext,
     CapturePass,
 )
+from ._fallbacks import collecting, fell_back
 from ._gradients import (
     CUT_TOLERANCE,
     PARAMETER_TOLERANCE,
     ZERO_GRADIENT,
+    GradientCalibration,
     calibrate_gradients,
     compensate_parameters,
     cut_vertices,
@@ -246,10 +248,11 @@ class UnitScalingPass(CapturePass):
             return
         measured = calibrate_gradients(gm, context, values, cuts)
         if isinstance(measured, str):
-            logger.info("cannot calibrate gradients: %s", measured)
+            fell_back("gradient calibration", type(context.module).__name__, measured)
             self.grad_scales.update((readable[n], 1.0) for n in new)
             return
         position = {n: i for i, n in enumerate(graph.nodes)}
+        _drop_non_finite(measured, readable)
         corrections: dict[Node, float] = {}
         for vertex in reversed(cuts):
             stored = self.cut_scales.get(keys[vertex])
@@ -257,16 +260,16 @@ class UnitScalingPass(CapturePass):
                 if stored != 1:
                     corrections[vertex] = stored
                 continue
-            rms = measured.vertices.get(vertex)
-            if rms is None:
+            size = measured.vertices.get(vertex)
+            if size is None:
                 continue
             # (judged after the corrections downstream: a gradient zero by
             # construction is tiny next to the unit-scaled ones around it)
-            rms *= downstream_factor(corrections, ancestors, position[vertex])
-            if rms < ZERO_GRADIENT:
+            size *= downstream_factor(corrections, ancestors, position[vertex])
+            if size.rms < ZERO_GRADIENT:
                 continue
-            if not 1 / CUT_TOLERANCE <= rms <= CUT_TOLERANCE:
-                corrections[vertex] = rounded(1 / rms)
+            if (correction := size.correction(CUT_TOLERANCE)) != 1:
+                corrections[vertex] = rounded(correction)
         for vertex in cuts:
             self.cut_scales.setdefault(keys[vertex], corrections.get(vertex, 1.0))
         self._correct_cuts(graph, values, corrections)
@@ -275,15 +278,15 @@ class UnitScalingPass(CapturePass):
         )
         for node in new:
             factor = 1.0
-            rms = measured.parameters.get(node)
-            if rms is not None:
-                rms *= carried.get(node, 1.0)
+            size = measured.parameters.get(node)
+            if size is not None:
+                size *= carried.get(node, 1.0)
             if (
-                rms is not None
-                and rms > ZERO_GRADIENT
-                and not (1 / PARAMETER_TOLERANCE <= rms <= PARAMETER_TOLERANCE)
+                size is not None
+                and size.rms > ZERO_GRADIENT
+                and (correction := size.correction(PARAMETER_TOLERANCE)) != 1
             ):
-                factor = rounded(1 / rms)
+                factor = rounded(correction)
                 scale_gradient(graph, node, factor)
                 logger.info(
                     "unit scaling parameter gradient: %s (calibrated: x%g)",
@@ -397,6 +400,13 @@ class UnitScalingPass(CapturePass):
         return frozen
 
     def __call__(self, gm: GraphModule, context: CaptureContext) -> GraphModule:
+        with collecting() as fallbacks:
+            try:
+                return self._transform(gm, context)
+            finally:
+                self.report.fallbacks.extend(fallbacks)
+
+    def _transform(self, gm: GraphModule, context: CaptureContext) -> GraphModule:
         graph = gm.graph
         report = self.report
         before = len(report.ops)
@@ -457,6 +467,17 @@ class UnitScalingPass(CapturePass):
                 report.warning_text(left),
             )
         return gm
+
+
+def _drop_non_finite(measured: GradientCalibration, readable: dict[Node, str]) -> None:
+    """Leave out (and report) the gradients measured as NaN or infinite on
+    stand-ins: no scale can be read from them."""
+    for sizes in (measured.vertices, measured.parameters):
+        for node, size in list(sizes.items()):
+            if not size.finite:
+                del sizes[node]
+                name = readable.get(node, node.name)
+                fell_back("gradient calibration", name, f"gradient RMS {size.rms}")
 
 
 def _constant_outputs(graph: Graph, values: GraphValues) -> frozenset[int]:

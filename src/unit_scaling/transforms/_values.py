@@ -35,6 +35,7 @@ from torch.fx import GraphModule, Interpreter, Node
 
 from .._torch_internals import pytree
 from ._dynamo import restore_functorch_levels
+from ._fallbacks import fell_back
 from ._graph import example_value
 from ._rules import rule_for
 from ._targets import RESCALING
@@ -246,7 +247,7 @@ def graph_values(
         ):
             _Recorder(gm, values).run(*inputs)
     except Exception as error:  # calibration degrades; the transform still works
-        logger.info("could not evaluate the captured graph for calibration: %r", error)
+        fell_back("evaluate the captured graph", "the example inputs", error)
         values.constants.clear()
         for node in gm.graph.nodes:
             fake = example_value(node)
