@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-all bench lint docs typecheck clean
+.PHONY: setup demo test test-all test-reference bench lint docs typecheck clean
 
 setup: $(STAMP)
 
@@ -25,12 +25,17 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -n 2 -q -m ""
 
+# The test suite of unit-scaling 0.3.5, the library this one replaces, run
+# against this package (its wheel is downloaded to ~/.cache, never installed).
+test-reference: $(STAMP)
+	$(PY) -m tools.reference_suite
+
 bench: $(STAMP)
 	$(PY) -m benchmarks
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests benchmarks experiments examples
-	$(PY) -m ruff format --check src tests benchmarks experiments examples
+	$(PY) -m ruff check src tests benchmarks experiments examples tools
+	$(PY) -m ruff format --check src tests benchmarks experiments examples tools
 	$(PY) -m mypy
 
 # The documentation site (MkDocs + mkdocstrings), warnings as errors.

@@ -74,9 +74,10 @@ def test_unit_scaling_runs_before_quantisation(
     # Same seed, same weights: the reordered chain computes the same function.
     torch.testing.assert_close(NANOGPT.run(model), NANOGPT.run(expected_model))
     messages = [r.getMessage() for r in caplog.records]
-    assert any(m.startswith("reordering transforms") for m in messages), messages
-    unit_scaling = messages.index("running unit_scale transform")
-    quantising = messages.index("running simulate_format transform")
+    # The reference library's wording, which users grep logs for.
+    assert "moving unit scaling backend to precede quantisation backend" in messages
+    unit_scaling = messages.index("running unit scaling backend")
+    quantising = messages.index("running quantisation backend")
     assert unit_scaling < quantising
 
 

@@ -89,7 +89,7 @@ def test_every_subgraph_is_unit_scaled(
         assert float(cosine) == pytest.approx(1, abs=1e-5)
 
     messages = [r.getMessage() for r in caplog.records]
-    assert sum("running unit_scale transform" in m for m in messages) == 2
+    assert sum(m == "running unit scaling backend" for m in messages) == 2
     assert sum("(residual-add, tau=0.5)" in m for m in messages) == 2
 
 

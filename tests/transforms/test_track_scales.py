@@ -604,6 +604,38 @@ def test_parallel_statistics_equal_serial(monkeypatch: pytest.MonkeyPatch) -> No
     _close(_measure(t), serial, rel=1e-9)
 
 
+_ONE_SIGNED = {
+    "relu (zeros included)": lambda: torch.randn(2**4, 2**10).relu(),
+    "negative, several blocks": lambda: -torch.rand(5, 3001) - 1e-3,
+    "positive, large (parallel)": lambda: torch.randn(200_003).abs(),
+    "negative, with -inf and nan": lambda: torch.cat(
+        [-torch.rand(3000), torch.tensor([-math.inf, math.nan, -0.0])]
+    ),
+    "half, in place": lambda: torch.randn(64, 33).abs().half().t(),
+}
+
+
+@pytest.mark.parametrize("name", list(_ONE_SIGNED))
+@pytest.mark.parametrize("kernel", ["native", "torch", "compiled torch"])
+def test_mean_abs_equals_abs_mean_for_one_sign(
+    name: str, kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Equal, not close: the reference's own test compares them with ``==``.
+    if kernel != "native":
+        monkeypatch.setattr(_NATIVE, "get", lambda: None)
+    if kernel == "compiled torch":
+        monkeypatch.setattr(_KERNELS, "min_numel", 1)
+    monkeypatch.setattr(statistics_module, "_NUMEL_PER_THREAD", 1 << 12)
+    t = _ONE_SIGNED[name]()
+    data = _measure(t)
+    assert data.mean_abs == data.abs_mean
+    assert data.mean_abs == pytest.approx(_defined(t).mean_abs, rel=1e-6)
+    mixed = _measure(
+        torch.cat([t.reshape(-1), torch.tensor([-1.0, 1.0], dtype=t.dtype)])
+    )
+    assert mixed.abs_mean < mixed.mean_abs  # both signs: no longer equal
+
+
 # --------------------------------------------------------------------------- #
 # Work is shared only between values that are provably the same.
 # --------------------------------------------------------------------------- #

@@ -126,7 +126,10 @@ class Transform:
     :class:`RunState`).
 
     Args:
-        name: shown in logs.
+        name: the transform's function, named in error messages.
+        label: its pass as the INFO log names it, in the reference library's
+            words (``"unit scaling backend"``; users grep logs for them).
+            Default: ``"<name> backend"``.
         place: where its pass runs in a chain.
         graph_pass: the pass; a :class:`StatefulPass` or :class:`CapturePass` is
             a prototype whose ``fresh()`` copy each module gets.
@@ -142,6 +145,7 @@ class Transform:
     """
 
     name: str
+    label: str = ""
     place: Place = Place.REWRITE
     graph_pass: GraphPass | None = None
     backend: Backend | None = None
@@ -151,6 +155,10 @@ class Transform:
     after_first_call: tuple[Callable[[RunState], None], ...] = ()
     after_call: tuple[Callable[[RunState, Any], None], ...] = ()
     attributes: tuple[tuple[str, Callable[[RunState], Any]], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            object.__setattr__(self, "label", f"{self.name} backend")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,11 +181,12 @@ class TransformConfig:
                 f"apply {transform.name} first, then {eager}"
             )
         ordered = sorted((*self.transforms, transform), key=lambda t: t.place)
-        names = [t.name for t in (*self.transforms, transform)]
-        if [t.name for t in ordered] != names:
+        at = ordered.index(transform)
+        if at + 1 < len(ordered):  # the others keep their order
             logger.info(
-                "reordering transforms: %s -> %s", names, [t.name for t in ordered]
+                "moving %s to precede %s", transform.label, ordered[at + 1].label
             )
+            logger.debug("transforms run in order: %s", [t.name for t in ordered])
         return TransformConfig(tuple(ordered))
 
     @property
@@ -249,7 +258,7 @@ class RunState:
             if transform.graph_pass is None:
                 continue
             source = running.get(id(transform), transform.graph_pass)
-            passes.append((transform.name, _fresh(source)))
+            passes.append((transform.label, _fresh(source)))
         return RunState(config, passes)
 
     def pass_of(self, kind: type[Any]) -> Any:
@@ -286,8 +295,8 @@ def transform_state(module: nn.Module) -> RunState | None:
 def _run_passes(
     state: RunState, gm: GraphModule, context: CaptureContext
 ) -> GraphModule:
-    for name, graph_pass in state.passes:
-        logger.info("running %s transform", name)
+    for label, graph_pass in state.passes:
+        logger.info("running %s", label)
         if isinstance(graph_pass, CapturePass):
             gm = graph_pass(gm, context)
         else:

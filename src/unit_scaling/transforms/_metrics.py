@@ -98,8 +98,9 @@ def finalize(raw: list[float] | None, numel: int) -> Metrics.Data:
     if finite == 0:
         mean_abs = abs_mean = std = math.nan if numel > r["infs"] else math.inf
     else:
+        # Equal for a tensor of one sign (see _statistics.RAW_FIELDS).
         mean_abs = r["sum_abs"] / finite
-        abs_mean = abs(r["mean"])
+        abs_mean = abs(r["sum"]) / finite
         std = math.sqrt(r["m2"] / max(finite - 1, 1))
     return Metrics.Data(
         mean_abs,

@@ -33,12 +33,18 @@ _E5M2_MAX, _E5M2_FLUSH = (
 # and the sum of squared deviations are of the finite elements: the C++ kernel
 # sums each block of 1024 elements as deviations from a centre inside its bulk
 # (so no cancellation when the mean is far from 0, whatever outliers the block
-# holds), and merges the blocks in float64 (Chan et al.). Maximum and minimum
-# ignore NaN.
+# holds), and merges the blocks in float64 (Chan et al.). ``mean_abs`` and
+# ``abs_mean`` come from the sums of |x| and of x, which must be equal in
+# magnitude, not merely close, for a tensor of one sign: the C++ kernel adds
+# both in the same order (negating every addend negates each rounded sum), the
+# torch kernel derives both from one sum of the positive and one of the
+# negative elements (a device may order two reductions differently).
+# Maximum and minimum ignore NaN.
 RAW_FIELDS = (
     "finite",  # count of finite elements
     "mean",
     "m2",  # sum of squared deviations from the mean
+    "sum",  # sum x
     "sum_abs",  # sum |x|
     "abs_max",
     "abs_min",
@@ -73,7 +79,7 @@ inline void prefetch(const float* address) {
 }
 
 struct Partial {
-  double finite = 0, mean = 0, m2 = 0, sum_abs = 0, counts[kCounts] = {0};
+  double finite = 0, mean = 0, m2 = 0, sum = 0, sum_abs = 0, counts[kCounts] = {0};
   float max = 0.0f, min = std::numeric_limits<float>::infinity();
 
   // Chan et al.'s update: merge n elements of mean m and squared deviations s.
@@ -120,7 +126,7 @@ inline void add_block(const float* x, int64_t n, Partial& p) {
   const float c = taken ? samples[(taken - 1) / 2] : 0.0f;
   const V centre(c);
   // One pass for the moments, the extremes and the commonest count...
-  V acc[5] = {zero, zero, zero, zero, zero};
+  V acc[6] = {zero, zero, zero, zero, zero, zero};
   V lost = zero;  // Kahan compensation of acc[0]: a signed sum may cancel
   V mx = zero, mn = inf;
   for (int64_t i = 0; i < n; i += V::size()) {
@@ -137,6 +143,7 @@ inline void add_block(const float* x, int64_t n, Partial& p) {
     acc[2] = acc[2] + (a & finite);
     acc[3] = acc[3] + (one & (a <= e4f));
     acc[4] = acc[4] + (one & finite);
+    acc[5] = acc[5] + (v & finite);  // as acc[2], for equal magnitudes
     mx = at::vec::maximum(mx, a & not_nan);
     mn = at::vec::minimum(mn, V::blendv(inf, a, not_nan));
   }
@@ -145,6 +152,7 @@ inline void add_block(const float* x, int64_t n, Partial& p) {
     const double d = total(acc[0]) - total(lost), d2 = total(acc[1]);
     p.merge(finite, c + d / finite, std::max(d2 - d * d / finite, 0.0));
   }
+  p.sum += total(acc[5]);
   p.sum_abs += total(acc[2]);
   p.counts[kFlush4] += at::vec::vec_reduce_all<float>(sum, acc[3]);
   const float block_max = at::vec::vec_reduce_all<float>(
@@ -193,16 +201,17 @@ extern "C" void kernel(const float* x, double* out, int64_t rows, int64_t cols,
   for (int t = 0; t < nt; ++t) {
     const Partial& p = partials[t];
     all.merge(p.finite, p.mean, p.m2);
+    all.sum += p.sum;
     all.sum_abs += p.sum_abs;
     for (int c = 0; c < kCounts; ++c) all.counts[c] += p.counts[c];
     all.max = std::max(all.max, p.max);
     all.min = std::min(all.min, p.min);
   }
   const double fields[] = {
-      all.finite, all.mean, all.m2, all.sum_abs, all.max, all.min,
+      all.finite, all.mean, all.m2, all.sum, all.sum_abs, all.max, all.min,
       all.counts[kAbove4], all.counts[kAbove5], all.counts[kFlush4],
       all.counts[kFlush5], all.counts[kZeros], all.counts[kInfs]};
-  for (int f = 0; f < 12; ++f) out[f] = fields[f];
+  for (size_t f = 0; f < sizeof(fields) / sizeof(double); ++f) out[f] = fields[f];
 }
 """
 for _name, _value in (
@@ -239,6 +248,7 @@ def _raw_statistics_kernel(x: Tensor) -> Tensor:
     f64 = torch.float64
     count = finite.sum(dtype=f64)
     values = torch.where(finite, x, 0.0).double()
+    positive, negative = values.clamp_min(0.0).sum(), values.clamp_max(0.0).sum()
     mean = values.sum() / count.clamp_min(1)
     deviation = torch.where(finite, values - mean, 0.0)
     return torch.stack(
@@ -246,7 +256,8 @@ def _raw_statistics_kernel(x: Tensor) -> Tensor:
             count,
             mean,
             (deviation * deviation).sum(),
-            torch.where(finite, a, 0.0).sum(dtype=f64),
+            positive + negative,
+            positive - negative,
             torch.where(not_nan, a, 0.0).amax().double(),
             torch.where(not_nan, a, math.inf).amin().double(),
             (a > _E4M3_MAX).sum(dtype=f64),

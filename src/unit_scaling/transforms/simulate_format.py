@@ -110,6 +110,7 @@ def simulate_format(module: M, fwd_format: FPFormat, bwd_format: FPFormat) -> M:
             raise TypeError(f"{name} must be an FPFormat, got {type(fmt).__name__}")
     transform = Transform(
         name="simulate_format",
+        label="quantisation backend",
         place=Place.QUANTISE,
         graph_pass=_quantisation_pass(fwd_format, bwd_format),
         non_recurse=UNIT_SCALED_FUNCTIONS,

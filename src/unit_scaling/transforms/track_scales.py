@@ -81,6 +81,7 @@ def track_scales(module: M) -> M:
         )
     transform = Transform(
         name="track_scales",
+        label="scale tracking backend",
         place=Place.OBSERVE,
         graph_pass=TrackingPass(),
         eager=True,

@@ -192,6 +192,7 @@ def unit_scale(
 
     transform = Transform(
         name="unit_scale",
+        label="unit scaling backend",
         place=Place.REWRITE,
         graph_pass=UnitScalingPass(
             function_replacements, rule, residual_name=_residual_name(residual_scaling)

@@ -1,0 +1,1 @@
+"""Maintenance scripts of this repository; not part of the installed package."""
