@@ -5,7 +5,6 @@ too) and hooks as before."""
 
 from __future__ import annotations
 
-import collections
 import io
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 from torch import Tensor, nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.op_counts import OpCounter
 from unit_scaling import _torch_internals as internals
 from unit_scaling._optim_step import merge_equal_groups
 from unit_scaling.optim import (
@@ -158,25 +157,11 @@ def test_user_groups_with_their_own_settings() -> None:
     _assert_same(model, reference, opt, ref_opt)
 
 
-class _Calls(TorchDispatchMode):
-    """Counts the aten operators dispatched, by name."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
-        self.counts[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def _calls_of_second_step(opt: torch.optim.Optimizer, model: nn.Module) -> _Calls:
+def _calls_of_second_step(opt: torch.optim.Optimizer, model: nn.Module) -> OpCounter:
     _with_grads(model, 0)
     opt.step()  # creates the state
     _with_grads(model, 1)
-    with _Calls() as calls:
+    with OpCounter() as calls:
         opt.step()
     return calls
 
