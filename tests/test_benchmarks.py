@@ -149,3 +149,20 @@ def _opaque(x: torch.Tensor) -> torch.Tensor:
     Triton kernel would not)."""
     return torch.from_numpy(x.numpy() + 1)
 
+
+def test_op_counts_meet_their_targets() -> None:
+    """The training step's aten operators, u-μP against plain torch (counts are
+    deterministic: this is not a timing). They depend on the layers, not on
+    widths or batch sizes (the benchmark's model counts the same), so a small
+    model stands in for the benchmark's."""
+    from benchmarks import op_counts
+
+    counts = op_counts.measure(32, 64, 4, 4, batch_shape=(2, 8))
+    ratios = op_counts.ratios(counts)
+    assert ratios["step"] <= op_counts.STEP_TARGET
+    assert ratios["optimizer vs torch's AdamW"] <= op_counts.OPTIMIZER_TARGET
+    # u-μP's scales are not free, and torch's AdamW on u-μP's parameters runs
+    # what it runs on the plain model's.
+    assert ratios["forward"] > 1
+    plain, twin = counts["SP"], counts["u-μP, torch AdamW"]
+    assert twin.by_phase["optimizer"] == plain.by_phase["optimizer"]
