@@ -56,17 +56,17 @@ _BOOKKEEPING = frozenset(
 # accepts only the first two; unit_scaling's Parameter only adds attributes.
 _PLAIN_TYPES = (Tensor, nn.Parameter, Parameter)
 
-_Key = frozenset[tuple[str, Any]]
+# A group's settings: ``(key, type, value)`` for a number, string or None (the
+# type keeps True and 1 apart), ``(key, frozen)`` for anything else.
+_Key = tuple[tuple[Any, ...], ...]
+_SCALARS = frozenset({bool, int, float, complex, str, type(None)})
 
 
 def _frozen(value: Any) -> Any:
-    """A hashable stand-in for a group setting, equal only for equal settings.
-
-    A tensor (a tensor lr or beta) stands for itself: comparing values would
-    read device memory on every step. Numbers keep their type, so ``True`` and
-    ``1`` stay apart.
-    """
-    if isinstance(value, bool | int | float | complex | str | None):
+    """A hashable stand-in for a setting that is not a number, equal only for
+    equal settings. A tensor (a tensor lr or beta) stands for itself: comparing
+    values would read device memory on every step."""
+    if type(value) in _SCALARS:
         return (type(value), value)
     if isinstance(value, tuple | list):
         return (type(value), tuple(_frozen(v) for v in value))
@@ -76,25 +76,54 @@ def _frozen(value: Any) -> Any:
 
 
 def _settings(group: dict[str, Any]) -> _Key:
-    """Everything in ``group`` an update could read."""
-    named = ("named", "param_names" in group)
-    return frozenset(
-        [named, *((k, _frozen(v)) for k, v in group.items() if k not in _BOOKKEEPING)]
+    """Everything in ``group`` an update could read, in the group's order (the
+    same for every group torch's ``add_param_group`` completes from one set of
+    defaults). Runs on every step for every group: kept to one pass."""
+    return (
+        ("named", "param_names" in group),
+        *[
+            (k, v.__class__, v) if v.__class__ in _SCALARS else (k, _frozen(v))
+            for k, v in group.items()
+            if k not in _BOOKKEEPING
+        ],
     )
 
 
-def _foreach_by_default(group: dict[str, Any]) -> bool:
+def _foreach_by_default(group: dict[str, Any], devices: list[str]) -> bool:
     """Whether torch would choose its foreach implementation for ``group`` with
-    ``foreach=None``, with a :class:`unit_scaling.Parameter` counted as a plain
-    ``nn.Parameter`` (torch's own rule checks the exact type)."""
+    ``foreach=None`` (``devices``: those with foreach kernels), with a
+    :class:`unit_scaling.Parameter` counted as a plain ``nn.Parameter``
+    (torch's own rule checks the exact type)."""
     if group.get("fused") or group.get("differentiable"):
         return False
     if isinstance(group.get("lr"), Tensor):  # torch then keeps the for-loop too
         return False
-    devices = internals.foreach_kernel_devices()
     return all(
         type(p) in _PLAIN_TYPES and p.device.type in devices for p in group["params"]
     )
+
+
+def _merge(groups: Iterable[dict[str, Any]]) -> dict[_Key, dict[str, Any]]:
+    """:func:`merge_equal_groups`, by settings."""
+    merged: dict[_Key, dict[str, Any]] = {}
+    for group in groups:
+        key = _settings(group)
+        into = merged.get(key)
+        if into is None:
+            merged[key] = {**group, "params": list(group["params"])}
+            if "param_names" in group:
+                merged[key]["param_names"] = list(group["param_names"])
+        else:
+            into["params"].extend(group["params"])
+            if "param_names" in group:
+                into["param_names"].extend(group["param_names"])
+    devices = None
+    for group in merged.values():
+        if group.get("foreach", False) is None:
+            devices = devices or internals.foreach_kernel_devices()
+            if _foreach_by_default(group, devices):
+                group["foreach"] = True
+    return merged
 
 
 def merge_equal_groups(groups: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -114,20 +143,7 @@ def merge_equal_groups(groups: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
         >>> [len(g["params"]) for g in merged]
         [2]
     """
-    merged: dict[_Key, dict[str, Any]] = {}
-    for group in groups:
-        key = _settings(group)
-        if key in merged:
-            into = merged[key]
-            into["params"] = [*into["params"], *group["params"]]
-            if "param_names" in group:
-                into["param_names"] = [*into["param_names"], *group["param_names"]]
-        else:
-            merged[key] = dict(group)
-    for group in merged.values():
-        if group.get("foreach", False) is None and _foreach_by_default(group):
-            group["foreach"] = True
-    return list(merged.values())
+    return list(_merge(groups).values())
 
 
 class BatchedStep(torch.optim.Optimizer):
@@ -155,8 +171,7 @@ class BatchedStep(torch.optim.Optimizer):
         if torch.compiler.is_compiling():  # the compiler fuses the groups itself
             torch_step(self)
             return loss
-        groups = merge_equal_groups(self.param_groups)
-        rest = self._step_batched(groups)
+        rest = self._step_batched(_merge(self.param_groups))
         if rest:
             saved = self.param_groups
             self.param_groups = rest
@@ -166,20 +181,20 @@ class BatchedStep(torch.optim.Optimizer):
                 self.param_groups = saved
         return loss
 
-    def _step_batched(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _step_batched(self, groups: dict[_Key, dict[str, Any]]) -> list[dict[str, Any]]:
         """Update what this optimizer can update in fewer kernels than torch's
-        step over ``groups`` would; return the groups left to torch."""
-        return groups
+        step over the merged ``groups`` would; return the groups left to torch."""
+        return list(groups.values())
 
 
 class BatchedAdam(BatchedStep):
     """:class:`BatchedStep` for Adam and AdamW: on the foreach path, groups that
     differ only in learning rate (and decoupled weight decay) share one pass."""
 
-    def _step_batched(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _step_batched(self, groups: dict[_Key, dict[str, Any]]) -> list[dict[str, Any]]:
         rest = []
         passes: dict[_Key, list[dict[str, Any]]] = {}
-        for group in groups:
+        for key, group in groups.items():
             if not self._one_pass_applies(group):
                 rest.append(group)
                 continue
@@ -187,8 +202,8 @@ class BatchedAdam(BatchedStep):
             # alpha is a single number, so it must be the same across the pass.
             decoupled = group["decoupled_weight_decay"]
             per_tensor = ("lr", "weight_decay") if decoupled else ("lr",)
-            key = frozenset(kv for kv in _settings(group) if kv[0] not in per_tensor)
-            passes.setdefault(key, []).append(group)
+            shared = tuple(item for item in key if item[0] not in per_tensor)
+            passes.setdefault(shared, []).append(group)
         if passes:
             internals.graph_capture_health_check(self)
         for together in passes.values():
