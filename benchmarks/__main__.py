@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import float8, formats, train_step, transforms
+from . import float8, formats, op_counts, train_step, transforms
 
 SECTIONS = {
     # The train step's ratio shifts by a few percent between processes on a shared
@@ -16,6 +16,8 @@ SECTIONS = {
     "train_step": lambda quick: train_step.run(
         rounds=10 if quick else 40, processes=1 if quick else 3
     ),
+    # Kernels per step, counted (deterministic: --quick changes nothing).
+    "op_counts": lambda quick: op_counts.run(),
     "formats": lambda quick: formats.run(),
     "transforms": lambda quick: transforms.run(rounds=5 if quick else 20),
     # unit_scaling.float8 against torchao.float8; --quick: eager only.

@@ -11,8 +11,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 ROOT = Path(__file__).parents[1]
 
@@ -105,3 +107,62 @@ def test_eager_gap_reports_each_configuration() -> None:
         # Both models ran the same work (one round on a machine that may be
         # busy: only a gross difference, such as one model doing nothing, fails).
         assert 0.1 < ratio < 10
+
+
+def test_op_counter_counts_kernels_inside_wrappers_and_not_views() -> None:
+    """Views, CPU `.item()` and profiler markers launch no kernel; an autograd
+    Function's and a custom operator's own operators count, so that wrapping
+    cannot hide them; a custom operator with no aten inside counts as one."""
+    from benchmarks.op_counts import OpCounter
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x.mul(2).add(1)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            return grad * 2
+
+    x = torch.ones(4, 3, requires_grad=True)
+    with OpCounter() as counter:
+        y = Twice.apply(x.view(3, 4).unsqueeze(0))
+        y.sum().backward()
+        x.detach()[0, 0].item()
+        with torch.profiler.record_function("marker"):
+            pass
+    assert dict(counter.counts) == {"mul": 2, "add": 1, "sum": 1, "ones_like": 1}
+
+    a, b = torch.ones(5, 4), torch.ones(2, 4, 3)
+    offs = torch.tensor([2, 5], dtype=torch.int32)
+    with OpCounter() as counter:  # unit_scaling's grouped GEMM: a torch.library op
+        torch.ops.unit_scaling.grouped_mm_loop(a, b, offs)
+    assert dict(counter.counts) == {"new_zeros": 1, "mm": 2}
+    with OpCounter() as counter:
+        torch.ops.op_counts_test.opaque(a)
+    assert dict(counter.counts) == {"op_counts_test.opaque": 1}
+
+
+@torch.library.custom_op("op_counts_test::opaque", mutates_args=())
+def _opaque(x: torch.Tensor) -> torch.Tensor:
+    """A custom operator whose kernel dispatches no aten operator (as a C++ or
+    Triton kernel would not)."""
+    return torch.from_numpy(x.numpy() + 1)
+
+
+def test_op_counts_meet_their_targets() -> None:
+    """The training step's aten operators, u-μP against plain torch (counts are
+    deterministic: this is not a timing). They depend on the layers, not on
+    widths or batch sizes (the benchmark's model counts the same), so a small
+    model stands in for the benchmark's."""
+    from benchmarks import op_counts
+
+    counts = op_counts.measure(32, 64, 4, 4, batch_shape=(2, 8))
+    ratios = op_counts.ratios(counts)
+    assert ratios["step"] <= op_counts.STEP_TARGET
+    assert ratios["optimizer vs torch's AdamW"] <= op_counts.OPTIMIZER_TARGET
+    # u-μP's scales are not free, and torch's AdamW on u-μP's parameters runs
+    # what it runs on the plain model's.
+    assert ratios["forward"] > 1
+    plain, twin = counts["SP"], counts["u-μP, torch AdamW"]
+    assert twin.by_phase["optimizer"] == plain.by_phase["optimizer"]

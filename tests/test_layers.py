@@ -36,7 +36,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "core",
     ),
     "ops": ("functional", "formats", "data"),
-    "library": ("parameter", "modules", "optim", "parallel"),
+    "library": ("parameter", "modules", "_optim_step", "optim", "parallel"),
     "transforms": ("transforms", "float8", "export"),
     "analysis": ("analysis", "utils", "zoo"),
     "application": ("app", "__main__"),

@@ -155,3 +155,45 @@ def test_state_dict_hooks_of_a_package_are_dropped() -> None:
     assert drop_state_dict_hooks(module, "unit_scaling") == 2
     module.load_state_dict(module.state_dict())
     assert calls == [1]
+
+
+def test_foreach_operators_update_each_tensor() -> None:
+    xs = [torch.ones(2), torch.full((3,), 4.0)]
+    internals.foreach_mul_(xs, [2.0, 0.5])  # one scalar per tensor
+    internals.foreach_add_(xs, 1.0)
+    assert [x.tolist() for x in xs] == [[3.0, 3.0], [3.0, 3.0, 3.0]]
+    assert [x.tolist() for x in internals.foreach_sqrt([torch.tensor([9.0])])] == [
+        [3.0]
+    ]
+    assert "cuda" in internals.foreach_kernel_devices()
+
+
+def test_adam_init_group_creates_state_and_fills_the_lists() -> None:
+    p = nn.Parameter(torch.ones(3))
+    p.grad = torch.ones(3)
+    opt = torch.optim.Adam([p], amsgrad=True)
+    lists: tuple[list[Tensor], ...] = ([], [], [], [], [], [])
+    assert internals.adam_init_group(opt, opt.param_groups[0], *lists) is False
+    assert set(opt.state[p]) == {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}
+    params, grads, exp_avgs, exp_avg_sqs, max_sqs, steps = lists
+    assert params == [p] and grads[0] is p.grad
+    assert exp_avgs[0] is opt.state[p]["exp_avg"]
+    assert exp_avg_sqs[0] is opt.state[p]["exp_avg_sq"]
+    assert max_sqs[0] is opt.state[p]["max_exp_avg_sq"]
+    assert steps[0] is opt.state[p]["step"] and steps[0].is_cpu
+    internals.graph_capture_health_check(opt)  # nothing is being captured
+
+
+def test_unhooked_optimizer_step_skips_the_hook_wrapper() -> None:
+    p = nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    assert getattr(torch.optim.SGD.step, "hooked", False)  # torch wrapped it
+    step = internals.unhooked_optimizer_step(opt.step)
+    assert not getattr(step, "hooked", False)
+    seen = []
+    opt.register_step_pre_hook(lambda *_: seen.append("hook"))
+    p.grad = torch.ones(1)
+    step(opt)
+    assert seen == [] and p.item() == 0.0
+    opt.step()
+    assert seen == ["hook"]

@@ -9,6 +9,7 @@ Checked against torch 2.13, the version CI installs.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -26,11 +27,24 @@ __all__ = [
     "InstanceNormBase",
     "OpOverload",
     "OpOverloadPacket",
+    "adam_init_group",
     "any_autocast_enabled",
     "cpp_python_bindings",
     "disabled_torch_function",
+    "foreach_add",
+    "foreach_add_",
+    "foreach_addcdiv_",
+    "foreach_addcmul_",
+    "foreach_div_",
+    "foreach_kernel_devices",
+    "foreach_lerp_",
+    "foreach_maximum_",
+    "foreach_mul_",
+    "foreach_neg",
+    "foreach_sqrt",
     "fsdp_unsharded_parameters",
     "functorch_transforms_active",
+    "graph_capture_health_check",
     "is_functorch_wrapped_tensor",
     "mha_packed_projection",
     "onednn_enabled",
@@ -40,6 +54,7 @@ __all__ = [
     "size_1_t",
     "size_2_t",
     "size_3_t",
+    "unhooked_optimizer_step",
     "unsafe_view",
     "unwrap_dead_wrappers",
 ]
@@ -171,3 +186,55 @@ def drop_state_dict_hooks(module: nn.Module, package: str) -> int:
                 del hooks[key]
                 removed += 1
     return removed
+
+
+# torch's foreach operators, one kernel launch for a list of tensors (what the
+# foreach path of its optimizers runs); public in all but name.
+foreach_add: Callable[..., Any] = torch._foreach_add
+foreach_add_: Callable[..., None] = torch._foreach_add_
+foreach_addcdiv_: Callable[..., None] = torch._foreach_addcdiv_
+foreach_addcmul_: Callable[..., None] = torch._foreach_addcmul_
+foreach_div_: Callable[..., None] = torch._foreach_div_
+foreach_lerp_: Callable[..., None] = torch._foreach_lerp_
+foreach_maximum_: Callable[..., None] = torch._foreach_maximum_
+foreach_mul_: Callable[..., None] = torch._foreach_mul_
+foreach_neg: Callable[..., Any] = torch._foreach_neg
+foreach_sqrt: Callable[..., Any] = torch._foreach_sqrt
+
+
+def foreach_kernel_devices() -> list[str]:
+    """The device types with foreach kernels (where torch's optimizers default
+    to their foreach path)."""
+    from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
+
+    devices: list[str] = _get_foreach_kernels_supported_devices()
+    return devices
+
+
+def adam_init_group(
+    optimizer: torch.optim.Optimizer, group: dict[str, Any], *lists: list[Tensor]
+) -> bool:
+    """``torch.optim.Adam._init_group``: creates the state of ``group``'s
+    parameters that have a gradient on their first step and appends parameters,
+    gradients, ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq`` (amsgrad) and
+    ``step`` to the six ``lists``; whether any parameter is complex."""
+    has_complex: bool = optimizer._init_group(group, *lists)  # type: ignore[attr-defined]
+    return has_complex
+
+
+def graph_capture_health_check(optimizer: torch.optim.Optimizer) -> None:
+    """The check torch's Adam runs first in ``step``: raises if a CUDA (or XPU)
+    graph is being captured and a group is not ``capturable``."""
+    optimizer._accelerator_graph_capture_health_check()
+
+
+def unhooked_optimizer_step(step: Callable[..., Any]) -> Callable[..., Any]:
+    """An optimizer class's ``step`` function (a bound method's too) without the
+    wrapper that torch's ``Optimizer.__init__`` puts around the ``step`` of each
+    class it sees (marked ``hooked``; it runs the step hooks). A subclass whose
+    ``step`` calls its base's through that wrapper would run the hooks twice."""
+    function = getattr(step, "__func__", step)
+    unwrapped: Callable[..., Any] = inspect.unwrap(
+        function, stop=lambda f: not getattr(f, "hooked", False)
+    )
+    return unwrapped

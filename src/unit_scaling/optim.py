@@ -4,7 +4,11 @@ u-μP makes the best learning rate independent of width and depth by scaling eac
 parameter's lr by a rule of its role (``mup_type``), fan-in and residual depth
 (``mup_scaling_depth``). :func:`scaled_parameters` turns parameters into one param
 group per parameter carrying that lr; :class:`Adam`, :class:`AdamW` and :class:`SGD`
-are the torch optimizers built from those groups.
+are the torch optimizers built from those groups, with a ``step`` that updates
+the groups together: torch's foreach and fused implementations launch their
+kernels once per distinct setting rather than once per parameter, and Adam's
+foreach path once for all learning rates, with the same arithmetic as torch's
+group-by-group step (bit for bit).
 
 The tags normally ride on :class:`unit_scaling.Parameter`. Transformations that
 replace parameters by plain ``nn.Parameter`` (``module.to("meta")``, ``to_empty``,
@@ -24,6 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.optimizer import ParamsT
 
+from ._optim_step import BatchedAdam, BatchedStep
 from .parameter import MupType, Parameter, ParameterData, has_parameter_data
 
 __all__ = [
@@ -383,7 +388,7 @@ def scaled_parameters(
     return scaled
 
 
-class SGD(torch.optim.SGD):
+class SGD(BatchedStep, torch.optim.SGD):
     """:class:`torch.optim.SGD` with u-μP learning rates (:func:`lr_scale_func_sgd`).
 
     Arguments are torch's plus the keyword-only ones of :func:`scaled_parameters`
@@ -396,7 +401,7 @@ class SGD(torch.optim.SGD):
 
         >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
         >>> opt = SGD(model.parameters(), lr=0.5, momentum=0.9)
-        >>> len(opt.param_groups)  # one group per u-μP learning rate
+        >>> len(opt.param_groups)  # one group per parameter, with its u-μP lr
         12
     """
 
@@ -462,24 +467,27 @@ class _ScaledAdam:
         )
 
 
-class Adam(_ScaledAdam, torch.optim.Adam):
+class Adam(_ScaledAdam, BatchedAdam, torch.optim.Adam):
     """:class:`torch.optim.Adam` with u-μP learning rates (:func:`lr_scale_func_adam`).
 
     Arguments are torch's plus the keyword-only ones of :func:`scaled_parameters`.
     ``weight_decay`` is independent of the lr by default (see
     :func:`scaled_parameters`). Groups added later with ``add_param_group`` are
-    not rescaled: build them with :func:`scaled_parameters`.
+    not rescaled: build them with :func:`scaled_parameters`. On the foreach path
+    (``foreach=True``, or the default on a GPU) ``step`` updates all groups that
+    differ only in lr in one pass of foreach kernels; otherwise it runs torch's
+    over the groups merged where all their settings are equal.
 
     Example::
 
         >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
         >>> opt = Adam(model.parameters(), lr=1e-2)
-        >>> len(opt.param_groups)  # one group per u-μP learning rate
+        >>> len(opt.param_groups)  # one group per parameter, with its u-μP lr
         12
     """
 
 
-class AdamW(_ScaledAdam, torch.optim.AdamW):
+class AdamW(_ScaledAdam, BatchedAdam, torch.optim.AdamW):
     """:class:`torch.optim.AdamW` with u-μP learning rates (:func:`lr_scale_func_adam`).
 
     Arguments are torch's plus the keyword-only ones of :func:`scaled_parameters`.
@@ -487,11 +495,12 @@ class AdamW(_ScaledAdam, torch.optim.AdamW):
     each weight removed per step (times any lr schedule); it defaults to ``0``
     because torch's ``0.01`` would mean 1% per step. Groups added later with
     ``add_param_group`` are not rescaled: build them with :func:`scaled_parameters`.
+    ``step`` batches the groups as :class:`Adam`'s does.
 
     Example::
 
         >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
         >>> opt = AdamW(model.parameters(), lr=1e-2, weight_decay=1e-4)
-        >>> len(opt.param_groups)  # one group per u-μP learning rate
+        >>> len(opt.param_groups)  # one group per parameter, with its u-μP lr
         12
     """

@@ -17,8 +17,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import unit_scaling.functional as U
+from benchmarks.op_counts import OpCounter
 from tests.helpers import gradcheck_scaled, randn, unit_backward
 from unit_scaling.constraints import apply_constraint
+from unit_scaling.functional import activation
 
 UNARY_CONSTRAINTS = [None, "to_output_scale", "to_grad_input_scale", "gmean", "amean"]
 SHAPES = [(2**16,), (64, 1024), (8, 16, 512)]
@@ -238,6 +240,42 @@ def test_silu_glu_double_backward(mult: float) -> None:
     assert torch.autograd.gradgradcheck(
         lambda a, b: U.silu_glu(a, b, mult=mult), [x, gate]
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_silu_glu_makes_its_zero_once_per_dtype(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 0-d zero that the scaled products add to is made on the first call
+    only (a fill kernel per call otherwise), stays zero and never changes what
+    the op computes."""
+    monkeypatch.setattr(activation, "_ZEROS", {})
+    x, gate = randn(16, 8, dtype=dtype, seed=0), randn(16, 8, dtype=dtype, seed=1)
+    with torch.inference_mode():  # the first zero, made here, serves outside too
+        U.silu_glu(x.detach(), gate.detach())
+    with OpCounter() as counter:
+        y = U.silu_glu(x, gate, mult=0.5)
+        grad = unit_backward(y, seed=2)
+    assert not {"new_zeros", "zeros", "fill_", "zero_"} & set(counter.counts)
+    (((device, zero_dtype), zero),) = activation._ZEROS.items()
+    assert (device.type, zero_dtype) == ("cpu", dtype)
+    assert zero.shape == () and zero.item() == 0 and not zero.is_inference()
+    x_ref = x.detach().clone().requires_grad_()
+    gate_ref = gate.detach().clone().requires_grad_()
+    y_ref = U.silu_glu(x_ref, gate_ref, mult=0.5)
+    assert torch.equal(y, y_ref) and y.dtype == dtype
+    y_ref.backward(grad)
+    assert x.grad is not None and torch.equal(x.grad, x_ref.grad)
+    assert gate.grad is not None and torch.equal(gate.grad, gate_ref.grad)
+
+
+def test_silu_glu_zero_is_fresh_for_meta_tensors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(activation, "_ZEROS", {})
+    x, gate = torch.empty(4, 3, device="meta"), torch.empty(4, 3, device="meta")
+    assert U.silu_glu(x, gate).shape == (4, 3)
+    assert activation._ZEROS == {}
 
 
 def test_silu_glu_one_input_needs_grad() -> None:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import unit_scaling.functional as U
+from benchmarks.op_counts import OpCounter
 from tests.helpers import gradcheck_scaled, randn, unit_backward
 
 
@@ -96,6 +97,53 @@ def test_cross_entropy_ignore_index(ignore_index: int, reduction: str) -> None:
     _check_cross_entropy(x, target, ignore_index=ignore_index, reduction=reduction)
     assert x.grad is not None
     assert torch.all(x.grad.movedim(1, -1)[target == ignore_index] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize(("shape", "target_shape"), CE_SHAPES)
+def test_cross_entropy_mean_is_bitwise_the_scaled_sum(
+    shape: tuple[int, ...], target_shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    """The mean is the sum times ``1/B`` (``B`` counted on the device, by aten's
+    nll_loss for float32 ``(N, C)`` logits), its gradient the sum's times the
+    scale: bit for bit, whichever way ``B`` is counted."""
+    classes = shape[1] if len(shape) >= 2 else shape[0]
+    x, target = randn(*shape, dtype=dtype, seed=0), _targets(target_shape, classes)
+    if target.dim():
+        target.view(-1)[::5] = -100
+    loss = U.cross_entropy(x, target)
+    grad = _backward(loss)
+    x_ref = x.detach().clone().requires_grad_()
+    total = F.cross_entropy(x_ref, target, reduction="sum")
+    count = (target != -100).sum()
+    assert torch.equal(loss, total * count.reciprocal().to(dtype))
+    total.backward(grad * (classes / math.sqrt(classes - 1)))
+    assert x.grad is not None and torch.equal(x.grad, x_ref.grad)
+
+
+def test_cross_entropy_mean_under_autocast_is_bitwise_torchs_cast() -> None:
+    """Autocast runs F.cross_entropy in float32; the mean does the same."""
+    x = randn(16, 40, seed=0).bfloat16().detach().requires_grad_()
+    target = _targets((16,), 40)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = U.cross_entropy(x, target)
+        total = F.cross_entropy(x, target, reduction="sum")
+    assert loss.dtype == total.dtype == torch.float32
+    assert torch.equal(loss, total / 16)  # B = 16: the reciprocal is exact
+
+
+def test_cross_entropy_mean_counts_the_targets_inside_nll_loss() -> None:
+    """For float32 (N, C) logits aten's nll_loss counts the targets it sums
+    (its total_weight): no pass over the targets of its own."""
+    x, target = randn(8, 10, seed=0), _targets((8,), 10)
+    with OpCounter() as counter:
+        U.cross_entropy(x, target)
+    assert dict(counter.counts) == {
+        "_log_softmax": 1,
+        "nll_loss_forward": 1,
+        "reciprocal": 1,
+        "mul": 1,  # the 1 / B
+    }
 
 
 def test_cross_entropy_mean_of_all_ignored_is_nan_like_torch() -> None:

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._autograd import Function
+from .._kernels import in_memory
 from ..core.functional import logarithmic_interpolation
 from ._checks import check_dim, check_flag, check_mult, validate_constraint
 from ._scaling import scaled_unary, sigmoid_of_log
@@ -222,13 +223,44 @@ def silu_glu(input: Tensor, gate: Tensor, mult: float = 1.0) -> Tensor:
     return cast(Tensor, out)
 
 
+# 0-d zeros by device and dtype: the `self` of the addcmul that computes a scaled
+# product in one pass. A fresh one per call would cost a kernel (a fill) each.
+_ZEROS: dict[tuple[torch.device, torch.dtype], Tensor] = {}
+
+
+def _zero(like: Tensor) -> Tensor:
+    """A 0-d zero of ``like``'s device and dtype, never written to.
+
+    Made once per device and dtype for plain tensors on the CPU or a CUDA device;
+    made afresh for anything else (fake, meta and functorch-wrapped tensors,
+    traces, other devices) and while a CUDA graph is being captured (a tensor
+    made then would live in the graph's memory, unfilled until replayed).
+    """
+    device = like.device
+    cached = in_memory(like) and (
+        device.type == "cpu"
+        or (device.type == "cuda" and not torch.cuda.is_current_stream_capturing())
+    )
+    if not cached:
+        return like.new_zeros(())
+    zero = _ZEROS.get((device, like.dtype))
+    if zero is None:
+        with torch.inference_mode(False):  # usable outside inference mode too
+            zero = like.new_zeros(())
+        if device.type == "cuda":  # filled before any stream reads it
+            torch.cuda.current_stream(device).synchronize()
+        _ZEROS[device, like.dtype] = zero
+    return zero
+
+
 class _SiluGluFn(Function):
     """``y = v · x · silu(m g)`` with its true gradient, every product scaled in
-    the pass that computes it (``addcmul`` with a 0-d zero ``self``), so neither
-    direction makes an extra pass or keeps an extra tensor: it saves what
-    ``x * F.silu(g)`` saves (``x``, ``g``, ``silu(m g)``). ``silu(m g)`` is also
-    returned, non-differentiable, so that ``setup_context`` can save it. Under
-    ``create_graph`` the backward recomputes it from ``g`` to stay differentiable.
+    the pass that computes it (``addcmul`` with a 0-d zero ``self``, made once:
+    :func:`_zero`), so neither direction makes an extra pass or keeps an extra
+    tensor: it saves what ``x * F.silu(g)`` saves (``x``, ``g``, ``silu(m g)``).
+    ``silu(m g)`` is also returned, non-differentiable, so that
+    ``setup_context`` can save it. Under ``create_graph`` the backward recomputes
+    it from ``g`` to stay differentiable.
     """
 
     @staticmethod
@@ -236,7 +268,7 @@ class _SiluGluFn(Function):
         input: Tensor, gate: Tensor, mult: float, value: float
     ) -> tuple[Tensor, Tensor]:
         activated = F.silu(gate if mult == 1 else gate * mult)
-        out = torch.addcmul(input.new_zeros(()), input, activated, value=value)
+        out = torch.addcmul(_zero(input), input, activated, value=value)
         return out, activated
 
     @staticmethod
@@ -260,7 +292,7 @@ class _SiluGluFn(Function):
         differentiable = torch.is_grad_enabled()  # double backward (create_graph)
         if differentiable:
             activated = F.silu(tempered)
-        zero = grad.new_zeros(())
+        zero = _zero(grad)
         grad_input = grad_gate = None
         # The gate's gradient first, written over its own temporary: at most two
         # new tensors are alive at once, as in the backward of x * F.silu(g).

@@ -137,11 +137,46 @@ def cross_entropy(
         # Scaling the per-element loss gradient scales the logit gradient equally,
         # on a tensor V times smaller.
         return scale_bwd(loss, grad_scale)
-    loss = F.cross_entropy(logits, target, ignore_index=ignore_index, reduction="sum")
     if reduction == "sum":
+        loss = F.cross_entropy(
+            logits, target, ignore_index=ignore_index, reduction="sum"
+        )
         return scale_bwd(loss, grad_scale)
+    loss, reciprocal_count = _sum_and_reciprocal_count(logits, target, ignore_index)
+    return scale_twoway(loss, reciprocal_count, grad_scale)
+
+
+# aten's reduction codes (torch.nn._reduction): the sum.
+_SUM = 2
+
+
+def _sum_and_reciprocal_count(
+    logits: Tensor, target: Tensor, ignore_index: int
+) -> tuple[Tensor, Tensor]:
+    """``F.cross_entropy(..., reduction="sum")`` and ``1 / B`` (``B`` the targets
+    that are not ``ignore_index``), both on the device.
+
+    For float32 ``(N, C)`` logits (those of a language model's loss; autocast
+    makes them float32) aten's ``nll_loss`` counts ``B`` as it sums (its
+    ``total_weight``, exact in float32), which saves a count over the targets.
+    ``F.cross_entropy`` is this ``log_softmax`` and ``nll_loss`` after autocast's
+    cast to float32, so the results are bitwise the same either way.
+    """
+    if (
+        torch.is_autocast_enabled(logits.device.type)
+        and logits.is_floating_point()
+        and logits.dtype != torch.float64
+    ):
+        logits = logits.float()  # autocast's policy for F.cross_entropy's input
+    log_probs = F.log_softmax(logits, dim=1 if logits.dim() > 1 else 0)
+    if log_probs.dim() == 2 and log_probs.dtype == torch.float32:
+        loss, count = torch.ops.aten.nll_loss_forward(
+            log_probs, target, None, _SUM, ignore_index
+        )
+        return loss, count.reciprocal()
+    loss = F.nll_loss(log_probs, target, ignore_index=ignore_index, reduction="sum")
     count = (target != ignore_index).sum()
-    return scale_twoway(loss, count.reciprocal().to(loss.dtype), grad_scale)
+    return loss, count.reciprocal().to(loss.dtype)
 
 
 def mse_loss(
