@@ -105,3 +105,65 @@ def test_eager_gap_reports_each_configuration() -> None:
         # Both models ran the same work (one round on a machine that may be
         # busy: only a gross difference, such as one model doing nothing, fails).
         assert 0.1 < ratio < 10
+
+
+def test_fp8_linear_step_ops_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Counts, not timings: one training step of one converted linear (bf16
+    # autocast, default config) runs its 3 FP8 GEMMs, 5 saturating casts
+    # (x and W forward; g, W and x backward), of which the backward's W and x
+    # write the column-major layout as they convert, and one transpose (g for
+    # the weight gradient). Before the one-pass casts: 5 casts and 3 transposes.
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import float8_ops
+
+    counts = float8_ops.count_step(bias=False)
+    forward, backward = counts.forward.by_category(), counts.backward.by_category()
+    assert forward == {
+        **dict.fromkeys(float8_ops.CATEGORIES, 0),
+        **{"FP8 GEMM": 1, "saturating clamp": 2, "cast to FP8": 2},
+    }
+    assert backward == {
+        **dict.fromkeys(float8_ops.CATEGORIES, 0),
+        **{
+            "FP8 GEMM": 2,
+            "saturating clamp": 3,
+            "cast to FP8": 1,
+            "cast and transpose": 2,
+            "layout copy": 1,
+        },
+    }
+    # A bias adds its scaling, cast and add forward; its sum, scaling and the
+    # cast of its gradient to float32 backward: no FP8 work.
+    biased = float8_ops.count_step(bias=True)
+    extra = {
+        c: biased.forward.by_category()[c]
+        + biased.backward.by_category()[c]
+        - forward[c]
+        - backward[c]
+        for c in float8_ops.CATEGORIES
+    }
+    assert extra == {
+        **dict.fromkeys(float8_ops.CATEGORIES, 0),
+        "other cast": 2,
+        "other": 4,
+    }
+    # On a CPU the FP8 GEMM is a custom op: counted above as the _scaled_mm
+    # it runs. Views cost no kernel and are skipped.
+    with float8_ops.OpCounter() as counter:
+        import torch
+
+        torch.randn(4, 4).t().contiguous()
+    assert dict(counter.counts) == {("other", "randn"): 1, ("layout copy", "clone"): 1}
+
+
+def test_fp8_conversion_keeps_no_copy_of_a_weight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import float8_ops
+
+    memory = float8_ops.check_memory()
+    assert memory.before == memory.converted == memory.trained
+    assert memory.same_parameter_objects
+    # The forward saves the input and the weight parameter itself: no FP8 copy.
+    assert [what for what, _, _ in memory.saved] == ["input", "weight parameter"]
