@@ -7,6 +7,8 @@ that train for a round: ``slow``, out of the default run.
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import subprocess
 import sys
@@ -167,3 +169,68 @@ def test_fp8_conversion_keeps_no_copy_of_a_weight(
     assert memory.same_parameter_objects
     # The forward saves the input and the weight parameter itself: no FP8 copy.
     assert [what for what, _, _ in memory.saved] == ["input", "weight parameter"]
+
+
+def test_gpu_check_runs_its_logic_on_the_cpu(tmp_path: Path) -> None:
+    # `python -m benchmarks.gpu --cpu-check`: every section on tiny shapes with
+    # the CPU on both sides of the zoo comparison, so the differences are zero
+    # and the reports equal; each section's files and the page are written.
+    # Timings are not checked (on a CPU they mean nothing).
+    command = [sys.executable, "-m", "benchmarks.gpu", "--cpu-check"]
+    command += ["--out", str(tmp_path), "--commit", "test"]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, check=True, timeout=300
+    )
+    for section in ("zoo", "fp8", "speed"):
+        assert (tmp_path / f"{section}.md").read_text().strip()
+        payload = json.loads((tmp_path / f"{section}.json").read_text())
+        assert payload["environment"]["commit"] == "test"
+        assert payload["environment"]["cpu_check"] is True
+    zoo = json.loads((tmp_path / "zoo.json").read_text())["data"]
+    rows = zoo["rows"]
+    assert {(r["model"], r["transform"]) for r in rows} == {
+        (m, t)
+        for m in ("mlp", "nanogpt")
+        for t in ("unit_scale", "track_scales", "simulate_fp8")
+    }
+    for r in rows:
+        assert r["error"] is None, r
+        assert r["output"] == 0 and r["grads"] == 0 and r["params"] > 0, r
+        assert r["report_entries_equal"] and r["report_numbers"] == 0, r
+        assert r["stderr_cpu"] == r["stderr_device"] == "", r
+    assert not zoo["not_measured"]
+    fp8 = json.loads((tmp_path / "fp8.json").read_text())["data"]
+    assert [r["layer"] for r in fp8["linears"]][-1] == "readout"
+    for r in fp8["linears"]:
+        # On a CPU real FP8 is the simulation exactly; both near float32.
+        assert r["vs_simulated"] == [math.inf] * 3
+        assert all(17 <= s < 60 for s in r["vs_float32"])
+    runs = fp8["training"]["runs"]
+    assert runs["bf16"]["steps"] == runs["FP8"]["steps"] > 0
+    assert abs(fp8["training"]["gap"]) < 0.05
+    speed = json.loads((tmp_path / "speed.json").read_text())["data"]
+    measured = {(r["variant"]["model"], r["variant"]["fp8"]) for r in speed["fp8"]}
+    assert {("u-μP", None), ("u-μP", "ours")} <= measured
+    assert [r["width"] for r in speed["widths"]] == [32]
+    assert speed["widths"][0]["eager ratio"] > 0
+    assert speed["widths"][0]["compiled ratio"] > 0
+    page = (tmp_path / "gpu.md").read_text()
+    assert "CPU standing in for the GPU" in page and "at commit test" in page
+    # Every target is printed with a verdict.
+    lines = done.stdout.splitlines()
+    verdicts = lines[lines.index("Targets:") + 1 :]
+    assert sum(line.strip().startswith(("met", "not met")) for line in verdicts) >= 5
+    assert any("zoo: nothing printed to stderr" in line for line in verdicts)
+
+
+def test_gpu_check_without_cuda_says_so(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the real run would start")
+    command = [sys.executable, "-m", "benchmarks.gpu", "--out", str(tmp_path)]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, check=True, timeout=120
+    )
+    assert "needs a CUDA GPU" in done.stdout and "Nothing was measured" in done.stdout
+    assert not any(tmp_path.iterdir())
