@@ -45,7 +45,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--budget", type=float, default=270.0, help="seconds")
     parser.add_argument(
-        "--jobs", type=int, default=None, help="zoo worker processes (default: 8)"
+        "--jobs",
+        type=int,
+        default=None,
+        help="zoo worker processes (default: the cores less two, at most 12)",
     )
     parser.add_argument("--models", nargs="+", help="zoo models (default: fast ones)")
     parser.add_argument("--commit", help="the commit measured, where git is absent")
@@ -78,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     begin = time.monotonic()
-    jobs = args.jobs or (1 if args.cpu_check else min(8, os.cpu_count() or 1))
+    # Zoo workers: tracing is single-threaded Python; keep two cores spare.
+    cores = os.cpu_count() or 1
+    jobs = args.jobs or (1 if args.cpu_check else max(1, min(12, cores - 2)))
     settings = Settings(
         device=torch.device("cpu" if args.cpu_check else "cuda"),
         out=args.out,

@@ -19,6 +19,8 @@ import importlib.util
 import time
 from typing import Any
 
+import torch
+
 from .. import float8_gpu
 from ..float8 import _torchao_float8
 from ..float8_gpu import Result, Shapes, Variant
@@ -79,6 +81,16 @@ def _plan(settings: Settings, fp8: bool) -> list[tuple[str, Variant, Shapes]]:
 
 
 def run(settings: Settings, deadline: Deadline) -> SectionResult:
+    """The runs of :func:`_plan` that fit in ``deadline``, then the GEMMs."""
+    if not settings.cpu_check:
+        return _run(settings, deadline)
+    # On a CPU torchao's FP8 GEMMs reach oneDNN's slow E4M3 path (see
+    # benchmarks/float8.py): off, as that benchmark does.
+    with torch.backends.mkldnn.flags(enabled=False):
+        return _run(settings, deadline)
+
+
+def _run(settings: Settings, deadline: Deadline) -> SectionResult:
     device = settings.device
     problem = None if settings.cpu_check else float8_gpu.fp8_gpu_problem()
     has_torchao = importlib.util.find_spec("torchao") is not None

@@ -53,6 +53,21 @@ TRANSFORMS = ("unit_scale", "track_scales", "simulate_fp8")
 # Zoo models for --cpu-check: quick to trace, with and without transformers.
 CPU_CHECK_MODELS = ("mlp", "nanogpt")
 _METRIC_FIELDS = ("mean_abs", "std", "abs_max")
+# The slowest fast models, slowest first (both sides, the three transforms:
+# 40-230 s on a loaded 2-core CPU, most others 5-30 s): handed to the workers
+# first so that none of them is left running alone at the end.
+SLOWEST = (
+    "mobilenet-v2",
+    "unet2d-condition",
+    "unet2d",
+    "speech-to-text",
+    "bit",
+    "mamba2",
+    "olmoe",
+    "whisper",
+    "beit",
+    "bart",
+)
 
 
 def _transform(name: str) -> Callable[[nn.Module], nn.Module]:
@@ -259,6 +274,9 @@ def run(settings: Settings, deadline: Deadline) -> SectionResult:
         names = list(CPU_CHECK_MODELS)
     missing = {n: zoo.get(n).requires for n in names if not zoo.get(n).available()}
     names = [n for n in names if n not in missing]
+    order = {name: i for i, name in enumerate(names)}
+    first = [n for n in SLOWEST if n in order]
+    queue = first + [n for n in names if n not in first]
     threads = max(1, (os.cpu_count() or 1) // max(settings.jobs, 1))
     context = multiprocessing.get_context("spawn")
     rows: list[dict[str, Any]] = []
@@ -266,7 +284,7 @@ def run(settings: Settings, deadline: Deadline) -> SectionResult:
     with context.Pool(settings.jobs) as pool:
         pending = {
             name: pool.apply_async(run_model, (name, settings.device.type, threads))
-            for name in names
+            for name in queue
         }
         while pending and deadline.left() > 0:
             for name in [n for n, r in pending.items() if r.ready()]:
@@ -281,7 +299,6 @@ def run(settings: Settings, deadline: Deadline) -> SectionResult:
                 print(f"    zoo: {name} done ({len(pending)} to go)", flush=True)
             time.sleep(0.2)
         pool.terminate()  # models not finished by the deadline: not measured
-    order = {name: i for i, name in enumerate(names)}
     rows.sort(key=lambda r: (order[r["model"]], TRANSFORMS.index(r["transform"])))
     unmeasured = sorted(pending, key=order.__getitem__)
     return _result(settings, rows, unmeasured, missing, noise)
