@@ -234,3 +234,41 @@ def test_gpu_check_without_cuda_says_so(tmp_path: Path) -> None:
     )
     assert "needs a CUDA GPU" in done.stdout and "Nothing was measured" in done.stdout
     assert not any(tmp_path.iterdir())
+
+
+def test_gpu_check_sections_stop_at_their_deadline(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A section whose budget is spent starts nothing more and says what it
+    # left out; its targets are then not measured (never met or not met).
+    monkeypatch.syspath_prepend(str(ROOT))
+    import torch
+
+    from benchmarks.gpu import speed, zoo
+    from benchmarks.gpu._common import Deadline, Settings
+
+    settings = Settings(torch.device("cpu"), tmp_path, True, 1, ("mlp", "nanogpt"))
+    result = speed.run(settings, Deadline(0))
+    assert result.data["fp8"] == [] and result.data["widths"] == []
+    assert len(result.data["not_measured"]) == len(speed._plan(settings, fp8=True))
+    assert all(t.met is None for t in result.targets) and len(result.targets) == 4
+    # The FP8 runs the targets need come first, the GEMMs right after them.
+    plan = [
+        (table, v and (v.model, v.fp8, v.compiled))
+        for table, v, _ in speed._plan(settings, fp8=True)
+    ]
+    assert plan[:7] == [
+        ("fp8", ("u-μP", None, False)),
+        ("fp8", ("u-μP", "ours", False)),
+        ("fp8", ("SP", "tensorwise", False)),
+        ("fp8", ("u-μP", None, True)),
+        ("fp8", ("u-μP", "ours", True)),
+        ("fp8", ("SP", "tensorwise", True)),
+        ("gemms", None),
+    ]
+    result = zoo.run(settings, Deadline(0))
+    assert result.data["rows"] == [] and result.data["not_measured"] == [
+        "mlp",
+        "nanogpt",
+    ]
+    assert [t.met for t in result.targets] == [None, None, None]

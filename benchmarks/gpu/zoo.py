@@ -22,7 +22,6 @@ measured.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import multiprocessing
@@ -229,22 +228,20 @@ def _failed_model(model_name: str, error: Exception) -> list[dict[str, Any]]:
     ]
 
 
-_IMPORTED = False
+_STARTED = False
 
 
 def _worker_setup(threads: int) -> str:
-    """Once per worker: threads, TF32 off, and the optional packages imported
-    (what they print on import is returned, reported apart from the rows)."""
-    global _IMPORTED
-    if _IMPORTED:
+    """Once per worker: threads, TF32 off, the device started (what that
+    prints is returned, reported apart from the rows, as what importing a
+    model's packages prints while it is built)."""
+    global _STARTED
+    if _STARTED:
         return ""
-    _IMPORTED = True
+    _STARTED = True
     torch.set_num_threads(threads)
     turn_off_tf32()
     with captured_stderr() as stderr:
-        for package in ("transformers", "diffusers"):
-            with contextlib.suppress(ImportError):
-                __import__(package)
         if torch.cuda.is_available():
             torch.zeros(1, device="cuda")
     return stderr[0]
