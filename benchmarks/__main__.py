@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import float8, formats, op_counts, train_step, transforms
+from . import float8, float8_ops, formats, op_counts, train_step, transforms
 
 SECTIONS = {
     # The train step's ratio shifts by a few percent between processes on a shared
@@ -24,6 +24,8 @@ SECTIONS = {
     "float8": lambda quick: float8.run(
         rounds=3 if quick else 30, compiled=not quick, processes=1 if quick else 3
     ),
+    # Casts, transposes and copies per FP8 linear per step: counts, no timing.
+    "float8_ops": lambda quick: float8_ops.run(),
 }
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ measurements, at a decoder's realistic shapes (width 2048, sequence 2048):
    input gradient and weight gradient E5M2 × E4M3, as ours runs them), operands
    prepared beforehand: the GEMM alone.
 
-Targets: ours ≥ 1.3× bf16 (the same u-μP model) end to end, and ≥ 1.05×
-torchao tensorwise::
+Targets (issue 26): ours ≥ 1.3× bf16 (the same u-μP model) end to end when
+compiled, ≥ 1.0× in eager mode, and ≥ 1.05× torchao tensorwise::
 
     python -m benchmarks.float8_gpu
     python -m benchmarks.float8_gpu --layers 2 --steps 10 --no-gemms
@@ -51,7 +51,8 @@ from unit_scaling.float8 import convert_to_float8_training
 
 from ._measure import table
 
-TARGET_VS_BF16 = 1.3  # ours / u-μP bf16, tokens/s
+# ours / u-μP bf16, tokens/s, by mode (compiled or not).
+TARGET_VS_BF16 = {True: 1.3, False: 1.0}
 TARGET_VS_TORCHAO = 1.05  # ours / torchao tensorwise, tokens/s
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -200,12 +201,17 @@ def build(
 
 
 def train_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor, compiled: bool
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Tensor,
+    compiled: bool,
+    backend: str = "inductor",
 ) -> Callable[[], None]:
-    """One bf16-autocast training step of ``model`` on ``batch``."""
+    """One bf16-autocast training step of ``model`` on ``batch`` (its loss
+    compiled with ``backend`` if ``compiled``)."""
     loss_fn: Callable[[Tensor], Tensor] = model.loss  # type: ignore[assignment]
     if compiled:
-        loss_fn = torch.compile(loss_fn)
+        loss_fn = torch.compile(loss_fn, backend=backend)
     device = batch.device.type
 
     def step() -> None:
@@ -219,9 +225,15 @@ def train_step(
 
 
 def measure_training(
-    variant: Variant, shapes: Shapes, device: torch.device, warmup: int, steps: int
+    variant: Variant,
+    shapes: Shapes,
+    device: torch.device,
+    warmup: int,
+    steps: int,
+    backend: str = "inductor",
 ) -> Result:
-    """Tokens/s and peak memory of ``variant``; a failure is recorded, not raised."""
+    """Tokens/s and peak memory of ``variant``; a failure is recorded, not raised.
+    ``backend``: ``torch.compile``'s, for the compiled variants."""
     result = Result(variant)
     model = optimizer = None
     try:
@@ -229,7 +241,7 @@ def measure_training(
             torch.cuda.reset_peak_memory_stats()
         model, optimizer = build(variant, shapes, device)
         batch = torch.randint(shapes.vocab, (shapes.batch, shapes.seq + 1))
-        step = train_step(model, optimizer, batch.to(device), variant.compiled)
+        step = train_step(model, optimizer, batch.to(device), variant.compiled, backend)
         # The compiled step compiles in its first calls: warm up longer.
         extra = 3 if variant.compiled else 0
         result.step_s = median_seconds(step, warmup + extra, steps)
@@ -299,8 +311,12 @@ def targets_table(results: list[Result]) -> str:
         mode = "compiled" if compiled else "eager"
         ours = speed.get(("u-μP", "ours", compiled), nan)
         for label, baseline, target in (
-            ("ours / u-μP bf16", ("u-μP", None, compiled), TARGET_VS_BF16),
-            ("ours / SP bf16", ("SP", None, compiled), TARGET_VS_BF16),
+            (
+                "ours / u-μP bf16",
+                ("u-μP", None, compiled),
+                TARGET_VS_BF16[compiled],
+            ),
+            ("ours / SP bf16", ("SP", None, compiled), TARGET_VS_BF16[compiled]),
             (
                 "ours / torchao tensorwise",
                 ("SP", "tensorwise", compiled),

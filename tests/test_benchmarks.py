@@ -7,6 +7,8 @@ that train for a round: ``slow``, out of the default run.
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import subprocess
 import sys
@@ -166,3 +168,168 @@ def test_op_counts_meet_their_targets() -> None:
     assert ratios["forward"] > 1
     plain, twin = counts["SP"], counts["u-μP, torch AdamW"]
     assert twin.by_phase["optimizer"] == plain.by_phase["optimizer"]
+
+
+def test_fp8_linear_step_ops_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Counts, not timings: one training step of one converted linear (bf16
+    # autocast, default config) runs its 3 FP8 GEMMs, 5 saturating casts
+    # (x and W forward; g, W and x backward), of which the backward's W and x
+    # write the column-major layout as they convert, and one transpose (g for
+    # the weight gradient). Before the one-pass casts: 5 casts and 3 transposes.
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import float8_ops
+
+    counts = float8_ops.count_step(bias=False)
+    forward, backward = counts.forward.by_category(), counts.backward.by_category()
+    assert forward == {
+        **dict.fromkeys(float8_ops.CATEGORIES, 0),
+        **{"FP8 GEMM": 1, "saturating clamp": 2, "cast to FP8": 2},
+    }
+    assert backward == {
+        **dict.fromkeys(float8_ops.CATEGORIES, 0),
+        **{
+            "FP8 GEMM": 2,
+            "saturating clamp": 3,
+            "cast to FP8": 1,
+            "cast and transpose": 2,
+            "layout copy": 1,
+        },
+    }
+    # A bias adds its scaling, cast and add forward; its sum, scaling and the
+    # cast of its gradient to float32 backward: no FP8 work.
+    biased = float8_ops.count_step(bias=True)
+    extra = {
+        c: biased.forward.by_category()[c]
+        + biased.backward.by_category()[c]
+        - forward[c]
+        - backward[c]
+        for c in float8_ops.CATEGORIES
+    }
+    assert extra == {
+        **dict.fromkeys(float8_ops.CATEGORIES, 0),
+        "other cast": 2,
+        "other": 4,
+    }
+    # On a CPU the FP8 GEMM is a custom op: counted above as the _scaled_mm
+    # it runs. Views cost no kernel and are skipped.
+    with float8_ops.OpCounter() as counter:
+        import torch
+
+        torch.randn(4, 4).t().contiguous()
+    assert dict(counter.counts) == {("other", "randn"): 1, ("layout copy", "clone"): 1}
+
+
+def test_fp8_conversion_keeps_no_copy_of_a_weight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import float8_ops
+
+    memory = float8_ops.check_memory()
+    assert memory.before == memory.converted == memory.trained
+    assert memory.same_parameter_objects
+    # The forward saves the input and the weight parameter itself: no FP8 copy.
+    assert [what for what, _, _ in memory.saved] == ["input", "weight parameter"]
+
+
+def test_gpu_check_runs_its_logic_on_the_cpu(tmp_path: Path) -> None:
+    # `python -m benchmarks.gpu --cpu-check`: every section on tiny shapes with
+    # the CPU on both sides of the zoo comparison, so the differences are zero
+    # and the reports equal; each section's files and the page are written.
+    # Timings are not checked (on a CPU they mean nothing).
+    command = [sys.executable, "-m", "benchmarks.gpu", "--cpu-check"]
+    command += ["--out", str(tmp_path), "--commit", "test"]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, check=True, timeout=300
+    )
+    for section in ("zoo", "fp8", "speed"):
+        assert (tmp_path / f"{section}.md").read_text().strip()
+        payload = json.loads((tmp_path / f"{section}.json").read_text())
+        assert payload["environment"]["commit"] == "test"
+        assert payload["environment"]["cpu_check"] is True
+    zoo = json.loads((tmp_path / "zoo.json").read_text())["data"]
+    rows = zoo["rows"]
+    assert {(r["model"], r["transform"]) for r in rows} == {
+        (m, t)
+        for m in ("mlp", "nanogpt")
+        for t in ("unit_scale", "track_scales", "simulate_fp8")
+    }
+    for r in rows:
+        assert r["error"] is None, r
+        assert r["output"] == 0 and r["grads"] == 0 and r["params"] > 0, r
+        assert r["report_entries_equal"] and r["report_numbers"] == 0, r
+        assert r["stderr_cpu"] == r["stderr_device"] == "", r
+    assert not zoo["not_measured"]
+    fp8 = json.loads((tmp_path / "fp8.json").read_text())["data"]
+    assert [r["layer"] for r in fp8["linears"]][-1] == "readout"
+    for r in fp8["linears"]:
+        # On a CPU real FP8 is the simulation exactly; both near float32.
+        assert r["vs_simulated"] == [math.inf] * 3
+        assert all(17 <= s < 60 for s in r["vs_float32"])
+    runs = fp8["training"]["runs"]
+    assert runs["bf16"]["steps"] == runs["FP8"]["steps"] > 0
+    assert abs(fp8["training"]["gap"]) < 0.05
+    speed = json.loads((tmp_path / "speed.json").read_text())["data"]
+    measured = {(r["variant"]["model"], r["variant"]["fp8"]) for r in speed["fp8"]}
+    assert {("u-μP", None), ("u-μP", "ours")} <= measured
+    assert [r["width"] for r in speed["widths"]] == [32]
+    assert speed["widths"][0]["eager ratio"] > 0
+    assert speed["widths"][0]["compiled ratio"] > 0
+    page = (tmp_path / "gpu.md").read_text()
+    assert "CPU standing in for the GPU" in page and "at commit test" in page
+    # Every target is printed with a verdict.
+    lines = done.stdout.splitlines()
+    verdicts = lines[lines.index("Targets:") + 1 :]
+    assert sum(line.strip().startswith(("met", "not met")) for line in verdicts) >= 5
+    assert any("zoo: nothing printed to stderr" in line for line in verdicts)
+
+
+def test_gpu_check_without_cuda_says_so(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the real run would start")
+    command = [sys.executable, "-m", "benchmarks.gpu", "--out", str(tmp_path)]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, check=True, timeout=120
+    )
+    assert "needs a CUDA GPU" in done.stdout and "Nothing was measured" in done.stdout
+    assert not any(tmp_path.iterdir())
+
+
+def test_gpu_check_sections_stop_at_their_deadline(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A section whose budget is spent starts nothing more and says what it
+    # left out; its targets are then not measured (never met or not met).
+    monkeypatch.syspath_prepend(str(ROOT))
+    import torch
+
+    from benchmarks.gpu import speed, zoo
+    from benchmarks.gpu._common import Deadline, Settings
+
+    settings = Settings(torch.device("cpu"), tmp_path, True, 1, ("mlp", "nanogpt"))
+    result = speed.run(settings, Deadline(0))
+    assert result.data["fp8"] == [] and result.data["widths"] == []
+    assert len(result.data["not_measured"]) == len(speed._plan(settings, fp8=True))
+    assert all(t.met is None for t in result.targets) and len(result.targets) == 4
+    # The FP8 runs the targets need come first, the GEMMs right after them.
+    plan = [
+        (table, v and (v.model, v.fp8, v.compiled))
+        for table, v, _ in speed._plan(settings, fp8=True)
+    ]
+    assert plan[:7] == [
+        ("fp8", ("u-μP", None, False)),
+        ("fp8", ("u-μP", "ours", False)),
+        ("fp8", ("SP", "tensorwise", False)),
+        ("fp8", ("u-μP", None, True)),
+        ("fp8", ("u-μP", "ours", True)),
+        ("fp8", ("SP", "tensorwise", True)),
+        ("gemms", None),
+    ]
+    result = zoo.run(settings, Deadline(0))
+    assert result.data["rows"] == [] and result.data["not_measured"] == [
+        "mlp",
+        "nanogpt",
+    ]
+    assert [t.met for t in result.targets] == [None, None, None]

@@ -157,6 +157,32 @@ def test_save_fp8_inputs_saves_fp8(operands: tuple[Tensor, ...]) -> None:
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cast_column_major_is_the_cast_then_the_transpose(dtype: torch.dtype) -> None:
+    # The backward's one-pass cast must give the bytes and the layout of the
+    # two-pass one it replaced, saturating values included.
+    from unit_scaling.float8 import _gemm
+
+    x = (randn(48, 32, seed=6) * 300).to(dtype)
+    assert x.abs().max() > 448
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+        got = _gemm.cast_column_major(x, fp8)
+        expected = _gemm.column_major(_gemm.cast(x, fp8))
+        assert got.dtype == fp8 and got.stride() == expected.stride() == (1, 48)
+        assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
+
+
+def test_tokens_not_a_multiple_of_16_are_padded(operands: tuple[Tensor, ...]) -> None:
+    # The weight-gradient GEMM's inner dimension is the tokens: 40 of them take
+    # the padded path, 64 the one-pass cast; both compute the simulation.
+    x, w, g = operands
+    for tokens in (40, 64):
+        real = _run(float8.linear, x[:tokens], w, g[:tokens])
+        simulated = _run(_simulated, x[:tokens], w, g[:tokens])
+        for got, expected in zip(real, simulated, strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_gemms_kept_in_high_precision_on_request(operands: tuple[Tensor, ...]) -> None:
     config = Float8Config(output=False, grad_input=False, grad_weight=False)
     fp32 = _run(lambda a, b: float8.linear(a, b, config=config), *operands)

@@ -192,3 +192,13 @@ def fp8(x: Tensor, dtype: torch.dtype) -> Tensor:
     if isinstance(x, _GatheredFloat8):
         return x.fp8
     return x if x.dtype in _gemm.FP8 else _gemm.cast(x, dtype)
+
+
+def fp8_column_major(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """:func:`fp8` of a 2-D ``x``, laid out column-major (as ``_scaled_mm``
+    takes its second operand); a cast writes that layout as it converts."""
+    if isinstance(x, _GatheredFloat8):
+        return _gemm.column_major(x.fp8)
+    if x.dtype in _gemm.FP8:
+        return _gemm.column_major(x)
+    return _gemm.cast_column_major(x, dtype)

@@ -42,6 +42,15 @@ def column_major(x: Tensor) -> Tensor:
     return x.t().contiguous().t()
 
 
+def cast_column_major(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``column_major(cast(x, dtype))`` for a 2-D ``x``, the conversion writing
+    the column-major layout itself: one pass over the FP8 bytes fewer."""
+    limit = torch.finfo(dtype).max
+    rows, columns = x.shape
+    out = torch.empty_strided((rows, columns), (1, rows), dtype=dtype, device=x.device)
+    return out.copy_(x.clamp(-limit, limit))
+
+
 _SCALES: dict[tuple[float, torch.device], Tensor] = {}
 
 

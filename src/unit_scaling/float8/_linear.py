@@ -73,13 +73,13 @@ class _Float8LinearFn(torch.autograd.Function):
         if needs_input:
             if config.grad_input:
                 assert gq is not None
-                wq = _fsdp.fp8(weight, config.forward_dtype)
-                a, b = (
-                    (_gemm.pad(gq, 1), _gemm.pad(_gemm.pad(wq, 0), 1))
-                    if pad
-                    else (gq, wq)
-                )
-                grad_input = _gemm.gemm(a, _gemm.column_major(b), beta_x, input_dtype)
+                if pad:
+                    wq = _fsdp.fp8(weight, config.forward_dtype)
+                    a = _gemm.pad(gq, 1)
+                    b = _gemm.column_major(_gemm.pad(_gemm.pad(wq, 0), 1))
+                else:
+                    a, b = gq, _fsdp.fp8_column_major(weight, config.forward_dtype)
+                grad_input = _gemm.gemm(a, b, beta_x, input_dtype)
                 grad_input = grad_input[:, : input_shape[-1]]
             else:
                 w = weight.to(g.dtype)
@@ -88,14 +88,16 @@ class _Float8LinearFn(torch.autograd.Function):
         if needs_weight:
             if config.grad_weight:
                 assert gq is not None
-                xq = _fsdp.fp8(x, config.forward_dtype)
                 # The GEMM's inner dimension is the tokens': padded too.
-                a, b = _gemm.pad(gq, 0).t(), _gemm.pad(xq, 0)
-                if pad:
-                    a, b = _gemm.pad(a, 0), _gemm.pad(b, 1)
-                grad_weight = _gemm.gemm(
-                    a.contiguous(), _gemm.column_major(b), beta_w, weight_dtype
-                )
+                a = _gemm.pad(gq, 0).t()
+                if pad or x.shape[0] % _gemm.MULTIPLE:
+                    b = _gemm.pad(_fsdp.fp8(x, config.forward_dtype), 0)
+                    if pad:
+                        a, b = _gemm.pad(a, 0), _gemm.pad(b, 1)
+                    b = _gemm.column_major(b)
+                else:
+                    b = _fsdp.fp8_column_major(x, config.forward_dtype)
+                grad_weight = _gemm.gemm(a.contiguous(), b, beta_w, weight_dtype)
                 grad_weight = grad_weight[: g.shape[1], : x.shape[1]]
             else:
                 grad_weight = torch.mm(g.t(), x.to(g.dtype)).mul_(beta_w)
