@@ -78,7 +78,8 @@ def _release(version: str) -> tuple[int, int] | None:
 
 
 def torch_version() -> tuple[int, int]:
-    """``(major, minor)`` of the installed torch (``(0, 0)`` if unreadable)."""
+    """``(major, minor)`` of the installed torch; ``(0, 0)`` if unreadable, which
+    selects every older version's workaround below."""
     return _release(str(torch.__version__)) or (0, 0)
 
 
