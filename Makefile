@@ -42,7 +42,7 @@ test-torch:
 	$(TORCH_PY) -m pip install --quiet --upgrade pip
 	PIP_CONSTRAINT=/dev/null $(TORCH_PY) -m pip install --quiet --upgrade \
 		"torch$(if $(filter latest,$(VERSION)),,==$(VERSION))"
-	$(TORCH_PY) -c "import torch; print('torch==' + torch.__version__)" > $(TORCH_VENV)/torch.txt
+	$(TORCH_PY) -c "from importlib.metadata import version; print('torch==' + version('torch'))" > $(TORCH_VENV)/torch.txt
 	PIP_CONSTRAINT=$(TORCH_VENV)/torch.txt $(TORCH_PY) -m pip install --quiet -e ".[dev]"
 	$(TORCH_PY) -m pytest $(TORCH_TEST_FLAGS)
 
