@@ -119,3 +119,9 @@ def test_fresh_outputs_under_compile_only(monkeypatch: pytest.MonkeyPatch) -> No
     with torch.profiler.profile() as prof:
         function.apply(x, 2.0)
     assert "aten::_unsafe_view" not in {event.name for event in prof.events()}
+    # Without gradients Dynamo inlines the forward itself, passing a ctx unless
+    # the signature shows none is taken: the wrapper must show forward's.
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: function.apply(t, 2.0), fullgraph=True)
+    torch.testing.assert_close(compiled(torch.ones(3)), torch.full((3,), 4.0))
+    torch._dynamo.reset()

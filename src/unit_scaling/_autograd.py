@@ -16,6 +16,7 @@ of an output made in place (see ``COMPILED_FUNCTION_OUTPUTS_NEED_FRESH_TENSORS``
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -35,8 +36,10 @@ __all__ = ["Function"]
 def _fresh_when_compiled(forward: Callable[..., Any]) -> Callable[..., Any]:
     """``forward`` returning, while torch.compile traces it, a new tensor on the
     same memory in place of each output tensor (free in a compiled graph): the
-    workaround for ``COMPILED_FUNCTION_OUTPUTS_NEED_FRESH_TENSORS``."""
+    workaround for ``COMPILED_FUNCTION_OUTPUTS_NEED_FRESH_TENSORS``. It keeps
+    ``forward``'s signature: Dynamo reads it to tell whether to pass a ``ctx``."""
 
+    @functools.wraps(forward)
     def fresh_forward(*args: Any) -> Any:
         output = forward(*args)
         if not torch.compiler.is_compiling():

@@ -32,6 +32,7 @@ from torch.utils import _pytree as pytree
 
 __all__ = [
     "COMPILED_FUNCTION_OUTPUTS_NEED_FRESH_TENSORS",
+    "INTERPOLATE_HAS_LANCZOS",
     "NESTED_GRAPH_BREAKS_WORK",
     "NEWEST_TESTED_TORCH",
     "TORCH_FLOOR",
@@ -166,6 +167,10 @@ COMPILED_FUNCTION_OUTPUTS_NEED_FRESH_TENSORS = torch_version() < (2, 12)
 # ``False`` the transforms capture without nested graph breaks (the same graphs;
 # slower captures of models that break inside a nested call).
 NESTED_GRAPH_BREAKS_WORK = torch_version() >= (2, 12)
+
+
+# torch >= 2.12: ``F.interpolate(mode="lanczos")`` (4-D input, CPU only).
+INTERPOLATE_HAS_LANCZOS = torch_version() >= (2, 12)
 
 
 def symint_hint(value: torch.SymInt) -> int:
