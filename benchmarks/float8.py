@@ -20,12 +20,15 @@ oneDNN is turned off while measuring: on a CPU with AMX torch 2.13 sends an
 E4M3 × E4M3 ``_scaled_mm`` to oneDNN, hundreds of times slower than its
 reference kernel. ``unit_scaling.float8`` turns it off around its own CPU GEMMs
 but torchao does not: with torch's defaults torchao's step here takes ~80 s
-(ours 0.15 s); float32 GEMMs do not use oneDNN. ``--profile`` prints where each FP8
-step's time goes::
+(ours 0.15 s); float32 GEMMs do not use oneDNN. A last line times one CPU FP8
+GEMM both ways and says whether this CPU takes oneDNN's kernel at all (torch
+2.13 does only with AMX), i.e. whether that workaround still pays here.
+``--profile`` prints where each FP8 step's time goes::
 
     .venv/bin/python -m benchmarks.float8 --processes 3
     .venv/bin/python -m benchmarks.float8 --quick
     .venv/bin/python -m benchmarks.float8 --profile
+    .venv/bin/python -m benchmarks.float8 --onednn
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import torch
 from torch import Tensor, nn
 
 import unit_scaling as uu
+from unit_scaling._torch_internals import scaled_mm
 from unit_scaling.app.baseline import StandardTransformerDecoder
 from unit_scaling.float8 import convert_to_float8_training
 
@@ -194,6 +198,47 @@ def run(rounds: int = 30, compiled: bool = True, processes: int = 1) -> str:
         f"oneDNN off, {where}medians of {rounds} interleaved steps; ratio: median "
         f"of the {rounds} same-round ratios{skipped}\n"
         + table(rows, (*headers, "target"))
+        + "\n"
+        + onednn_gemm()
+    )
+
+
+def _ops_run(call: Callable[[], object]) -> set[str]:
+    """The names of the aten ops that one ``call()`` ran."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        call()
+    return {event.name for event in prof.events()}
+
+
+def onednn_gemm(rounds: int = 5) -> str:
+    """One CPU FP8 GEMM (E4M3, 256 x 128 x 128) as torch runs it by default
+    (oneDNN allowed) and as ``unit_scaling.float8`` runs it (oneDNN off around
+    the call), timed side by side, with the kernel torch's default took (its
+    reference kernel widens the operands and calls ``aten::mm``)."""
+    a = torch.randn(256, 128).to(torch.float8_e4m3fn)
+    b = torch.randn(128, 128).to(torch.float8_e4m3fn).t()
+    one = torch.ones(())
+    default, ours = "torch's default", "unit_scaling's"
+    gemms = {
+        default: lambda: scaled_mm(
+            a, b, scale_a=one, scale_b=one, out_dtype=torch.float32
+        ),
+        ours: lambda: torch.ops.unit_scaling.cpu_fp8_gemm(a, b, one, torch.float32),
+    }
+    with torch.backends.mkldnn.flags(enabled=True):
+        times = interleaved_times(gemms, rounds, warmup=1)
+        onednn = "aten::mm" not in _ops_run(gemms[default])
+    ratio = paired_ratio(times, default, ours)
+    ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    pays = "pays" if onednn and ratio > 2 else "does not pay"
+    return (
+        f"CPU FP8 GEMM 256x128x128 with oneDNN allowed: torch's default "
+        f"{ms[default]:.1f} ms ({'oneDNN' if onednn else 'reference'} kernel) ÷ "
+        f"unit_scaling's {ms[ours]:.1f} ms (reference kernel) = {ratio:.1f}, "
+        f"median of {rounds}: turning oneDNN off {pays} on this CPU"
     )
 
 
@@ -244,6 +289,11 @@ if __name__ == "__main__":
         "--profile", action="store_true", help="print where each FP8 step's time goes"
     )
     parser.add_argument(
+        "--onednn",
+        action="store_true",
+        help="time one CPU FP8 GEMM with and without oneDNN",
+    )
+    parser.add_argument(
         "--json", action="store_true", help=argparse.SUPPRESS
     )  # one process's raw numbers, for run(processes > 1)
     args = parser.parse_args()
@@ -251,6 +301,8 @@ if __name__ == "__main__":
         print(json.dumps(measure(args.rounds, compiled=not args.no_compile)))
     elif args.profile:
         print(profile(compiled=not args.no_compile))
+    elif args.onednn:
+        print(onednn_gemm())
     elif args.quick:
         print(run(rounds=3, compiled=False))
     else:

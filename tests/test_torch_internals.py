@@ -5,6 +5,13 @@ changes it. (Dynamo's internals are pinned in
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+import warnings
+from typing import Any
+
+import pytest
 import torch
 from torch import Tensor, nn
 
@@ -66,8 +73,6 @@ def test_functorch_state_queries() -> None:
     assert seen == {"active": True, "wrapped": True}
     assert not internals.functorch_transforms_active()
     assert not internals.is_functorch_wrapped_tensor(torch.ones(2))
-    args = (torch.ones(2), 3)
-    assert internals.unwrap_dead_wrappers(args) == args
 
 
 def test_any_autocast_enabled_is_the_c_query() -> None:
@@ -92,18 +97,21 @@ def test_grad_bucket_is_the_public_class() -> None:
 
 
 def test_fsdp_state_exposes_each_parameter_pair() -> None:
-    # FSDPModule._get_fsdp_state()._fsdp_param_group.fsdp_params, each with
-    # sharded_param and _unsharded_param (the whole path is exercised with real
-    # process groups in tests/parallel/test_transformed.py).
+    # FSDPModule._get_fsdp_state()._fsdp_param_groups (torch >= 2.12; 2.11: the
+    # single _fsdp_param_group), each group's fsdp_params with sharded_param and
+    # _unsharded_param (the whole path is exercised with real process groups in
+    # tests/parallel/test_transformed.py).
     import inspect
 
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_state
 
     assert callable(FSDPModule._get_fsdp_state)
-    assert isinstance(
-        inspect.getattr_static(_fsdp_state.FSDPState, "_fsdp_param_group"), property
-    )
+    state_source = inspect.getsource(_fsdp_state.FSDPState.__init__)
+    plural = "self._fsdp_param_groups" in state_source
+    assert plural == (internals.torch_version() >= (2, 12)), state_source
+    if not plural:
+        assert "self._fsdp_param_group" in state_source
     source = inspect.getsource(_fsdp_param.FSDPParam)
     assert "self.sharded_param = " in source
     assert "self._unsharded_param = " in source
@@ -197,3 +205,106 @@ def test_unhooked_optimizer_step_skips_the_hook_wrapper() -> None:
     assert seen == [] and p.item() == 0.0
     opt.step()
     assert seen == ["hook"]
+
+
+# --------------------------------------------------------------------------- #
+# The supported torch versions: the import guard and the per-version flags.
+# --------------------------------------------------------------------------- #
+
+
+def _check_quietly(version: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch, "__version__", version)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        internals.check_torch_version()
+
+
+@pytest.mark.parametrize("version", ["2.10.2+cu128", "2.1.0", "1.13.1"])
+def test_a_torch_below_the_floor_is_refused(
+    version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch, "__version__", version)
+    with pytest.raises(
+        ImportError, match=rf"torch >= 2\.11.*torch {re.escape(version)} is"
+    ):
+        internals.check_torch_version()
+
+
+@pytest.mark.parametrize("version", ["2.11.0+cu130", "2.13.0+cpu", "2.15.1"])
+def test_a_tested_torch_passes_silently(
+    version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _check_quietly(version, monkeypatch)
+
+
+@pytest.mark.parametrize("version", ["2.16.0.dev20261201+cpu", "3.0.0", "unknown"])
+def test_an_untested_torch_warns_once(
+    version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    internals._warn_untested.cache_clear()
+    monkeypatch.setattr(torch, "__version__", version)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        internals.check_torch_version()
+        internals.check_torch_version()
+    assert [w.category for w in caught] == [UserWarning]
+    message = str(caught[0].message)
+    assert f"torch {version} is installed" in message
+    assert "tested with torch 2.11 to 2.15" in message
+
+
+def test_importing_the_package_runs_the_check() -> None:
+    # Before any other module: an old torch gets the guard's message, not an
+    # AttributeError from whichever module first touches a missing API.
+    code = "import torch; torch.__version__ = '2.10.0'; import unit_scaling"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: unit_scaling needs torch >= 2.11"), last
+
+
+def _in_place_output_grad(function: type[torch.autograd.Function]) -> Tensor:
+    """The gradient of ``x`` through ``function`` (whose forward ends with an
+    in-place op) under ``torch.compile`` with Dynamo's eager backend."""
+    torch._dynamo.reset()
+    x = torch.ones(3, requires_grad=True)
+    compiled = torch.compile(lambda t: function.apply(t, 2.0) * 1.0, backend="eager")
+    compiled(x).sum().backward()
+    torch._dynamo.reset()
+    assert x.grad is not None
+    return x.grad
+
+
+class _TorchsInPlace(torch.autograd.Function):
+    """``y = 2 (x + 1)`` computed in place, as a plain torch Function."""
+
+    @staticmethod
+    def forward(x: Tensor, scale: float) -> Tensor:
+        return torch.add(x, 1).mul_(scale)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        ctx.scale = inputs[1]
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return grad * ctx.scale, None
+
+
+def test_the_compiled_function_flag_matches_dynamo() -> None:
+    # Where the flag is set, Dynamo's graph of a torch Function whose output is
+    # made in place silently drops its gradient; where not, it keeps it. Fails
+    # on a torch whose behaviour and flag disagree.
+    before_2_12 = internals.torch_version() < (2, 12)
+    assert internals.COMPILED_FUNCTION_OUTPUTS_NEED_FRESH_TENSORS is before_2_12
+    grad = _in_place_output_grad(_TorchsInPlace)
+    torch.testing.assert_close(grad, torch.full((3,), 0.0 if before_2_12 else 2.0))
+
+
+def test_nested_graph_breaks_flag_follows_the_version() -> None:
+    from_2_12 = internals.torch_version() >= (2, 12)
+    assert internals.NESTED_GRAPH_BREAKS_WORK is from_2_12
+    major, minor = torch.__version__.split(".")[:2]
+    assert internals.torch_version() == (int(major), int(minor))

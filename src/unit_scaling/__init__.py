@@ -11,7 +11,15 @@ Example::
     >>> opt = uu.optim.AdamW(model.parameters(), lr=2**-4)
 """
 
-from . import constraints, core, functional, modules, optim, scale
+from . import (
+    _torch_internals,  # noqa: F401 - first: refuses a torch below the floor
+    constraints,
+    core,
+    functional,
+    modules,
+    optim,
+    scale,
+)
 from .core.functional import transformer_residual_scaling_rule
 from .modules import *  # noqa: F403 - every module class, as torch.nn has them
 from .parameter import MupType, Parameter

@@ -1,26 +1,42 @@
 """Every private torch API the package uses, outside Dynamo's (which live in
-:mod:`unit_scaling.transforms._dynamo`), in one place.
+:mod:`unit_scaling.transforms._dynamo`), and every difference between the torch
+versions it supports, in one place.
 
 Each name here is pinned by ``tests/test_torch_internals.py``, which fails
 loudly, naming the API, when a torch upgrade moves or changes one; no other
 module imports a private torch name (``tests/test_layers.py`` checks that).
-Checked against torch 2.13, the version CI installs.
+Supported: torch 2.11 (:data:`TORCH_FLOOR`) to 2.15 (:data:`NEWEST_TESTED_TORCH`);
+CI tests 2.13, and ``make test-torch VERSION=...`` runs the suite on any other.
+Importing the package runs :func:`check_torch_version` before anything else.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+# Type aliases of torch.nn's constructor arguments: an int or a tuple of n ints.
+from torch.nn.common_types import _size_1_t as size_1_t
+from torch.nn.common_types import _size_2_t as size_2_t
+from torch.nn.common_types import _size_3_t as size_3_t
+
 # torch.utils._pytree: flatten and rebuild nested containers of tensors (the
 # module torch's own compile stack uses; its API has been stable for years).
 from torch.utils import _pytree as pytree
 
 __all__ = [
+    "COMPILED_FUNCTION_OUTPUTS_NEED_FRESH_TENSORS",
+    "INTERPOLATE_HAS_LANCZOS",
+    "NESTED_GRAPH_BREAKS_WORK",
+    "NEWEST_TESTED_TORCH",
+    "TORCH_FLOOR",
     "BatchNormBase",
     "ConvNdBase",
     "GradBucket",
@@ -29,6 +45,7 @@ __all__ = [
     "OpOverloadPacket",
     "adam_init_group",
     "any_autocast_enabled",
+    "check_torch_version",
     "cpp_python_bindings",
     "disabled_torch_function",
     "foreach_add",
@@ -54,15 +71,68 @@ __all__ = [
     "size_1_t",
     "size_2_t",
     "size_3_t",
+    "symint_hint",
+    "torch_version",
     "unhooked_optimizer_step",
     "unsafe_view",
-    "unwrap_dead_wrappers",
 ]
 
-# Type aliases of torch.nn's constructor arguments: an int or a tuple of n ints.
-from torch.nn.common_types import _size_1_t as size_1_t
-from torch.nn.common_types import _size_2_t as size_2_t
-from torch.nn.common_types import _size_3_t as size_3_t
+# --------------------------------------------------------------------------- #
+# Which torch: checked first, before any version-specific name is touched.
+# --------------------------------------------------------------------------- #
+
+# The oldest torch the package supports, and the newest its suite has passed on.
+TORCH_FLOOR = (2, 11)
+NEWEST_TESTED_TORCH = (2, 15)
+
+
+def _release(version: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of a torch version string (``"2.11.0+cu130"``,
+    ``"2.16.0.dev20261201"``); ``None`` if it does not start that way."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def torch_version() -> tuple[int, int]:
+    """``(major, minor)`` of the installed torch; ``(0, 0)`` if unreadable, which
+    selects every older version's workaround below."""
+    return _release(str(torch.__version__)) or (0, 0)
+
+
+def _dotted(release: tuple[int, int]) -> str:
+    return ".".join(map(str, release))
+
+
+@functools.cache
+def _warn_untested(installed: str) -> None:
+    # Cached: one warning per process, however often the check runs.
+    warnings.warn(
+        f"unit_scaling is tested with torch {_dotted(TORCH_FLOOR)} to "
+        f"{_dotted(NEWEST_TESTED_TORCH)}, and torch {installed} is installed. It "
+        "will probably work; if something fails, compare with torch "
+        f"{_dotted(NEWEST_TESTED_TORCH)} and report the difference.",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+def check_torch_version() -> None:
+    """Refuse a torch older than :data:`TORCH_FLOOR` with an ``ImportError``, and
+    warn (once, ``UserWarning``) about one newer than :data:`NEWEST_TESTED_TORCH`
+    or whose version cannot be read. Reads ``torch.__version__`` on each call."""
+    installed = str(torch.__version__)
+    release = _release(installed)
+    if release is not None and release < TORCH_FLOOR:
+        raise ImportError(
+            f"unit_scaling needs torch >= {_dotted(TORCH_FLOOR)}, but torch "
+            f"{installed} is installed: upgrade it, e.g. "
+            f"pip install 'torch>={_dotted(TORCH_FLOOR)}'."
+        )
+    if release is None or release > NEWEST_TESTED_TORCH:
+        _warn_untested(installed)
+
+
+check_torch_version()
 
 # The private bases of torch's norm and convolution modules: the unit-scaled
 # modules subclass them, as torch's own BatchNorm1d/2d/3d do.
@@ -87,20 +157,47 @@ def functorch_transforms_active() -> bool:
     return active
 
 
-def unwrap_dead_wrappers(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``args`` with functorch wrappers of finished transforms unwrapped, as
-    ``torch.autograd.Function.apply`` does before calling the C++ apply."""
-    from torch._functorch.utils import unwrap_dead_wrappers as unwrap
-
-    out: tuple[Any, ...] = unwrap(args)
-    return out
-
-
 def is_functorch_wrapped_tensor(t: Tensor) -> bool:
     """Whether ``t`` is a functorch wrapper (under ``vmap`` or ``grad``), whose
     memory is not its own elements."""
     wrapped: bool = torch._C._functorch.is_functorch_wrapped_tensor(t)
     return wrapped
+
+
+# torch 2.11 only: Dynamo turns a custom autograd Function into a forward graph
+# that returns, besides the outputs, every tensor the forward made. When an
+# output is one of those tensors (the result of an in-place op, ``t.mul_(s)``,
+# is ``t`` itself), the Function returns one tensor twice; autograd then files
+# it under the later slot, whose gradient the backward graph drops, and the
+# whole backward runs on zeros: silently wrong gradients under torch.compile.
+# torch 2.12 leaves out intermediates that alias an output. Where this is set,
+# ``unit_scaling._autograd.Function`` returns fresh tensors while compiling.
+COMPILED_FUNCTION_OUTPUTS_NEED_FRESH_TENSORS = torch_version() < (2, 12)
+
+
+# torch 2.11 only: with ``nested_graph_breaks``, Dynamo can resume a frame after
+# a graph break inside a nested call with its locals mixed up (Speech2Text's
+# decoder, under transformers' decorator wrappers, got a bool as ``self``); a
+# mix-up between two values of one type would go unnoticed. Where this is
+# ``False`` the transforms capture without nested graph breaks (the same graphs;
+# slower captures of models that break inside a nested call).
+NESTED_GRAPH_BREAKS_WORK = torch_version() >= (2, 12)
+
+
+# torch >= 2.12: ``F.interpolate(mode="lanczos")`` (4-D input, CPU only).
+INTERPOLATE_HAS_LANCZOS = torch_version() >= (2, 12)
+
+
+def symint_hint(value: torch.SymInt) -> int:
+    """The concrete value a symbolic size had in the call being traced, without
+    adding a guard (``optimization_hint``, torch >= 2.12; ``size_hint`` before)."""
+    from torch.fx.experimental import symbolic_shapes
+
+    hint: Callable[[torch.SymInt], int] | None
+    hint = getattr(symbolic_shapes, "optimization_hint", None)
+    if hint is None:  # torch 2.11
+        hint = symbolic_shapes.size_hint  # type: ignore[attr-defined]
+    return int(hint(value))
 
 
 # Whether autocast is on for any device type: the C function itself, with no
@@ -134,12 +231,22 @@ def fsdp_unsharded_parameters(module: nn.Module) -> dict[int, nn.Parameter]:
     found: dict[int, nn.Parameter] = {}
     for sub in module.modules():
         get_state = getattr(sub, "_get_fsdp_state", None)
-        group = get_state()._fsdp_param_group if get_state is not None else None
-        for fsdp_param in group.fsdp_params if group is not None else ():
-            unsharded = getattr(fsdp_param, "_unsharded_param", None)
-            if unsharded is not None:
-                found[id(unsharded)] = fsdp_param.sharded_param
+        for group in _fsdp_param_groups(get_state()) if get_state is not None else ():
+            for fsdp_param in group.fsdp_params:
+                unsharded = getattr(fsdp_param, "_unsharded_param", None)
+                if unsharded is not None:
+                    found[id(unsharded)] = fsdp_param.sharded_param
     return found
+
+
+def _fsdp_param_groups(state: Any) -> list[Any]:
+    """An FSDP2 state's parameter groups: a list since torch 2.12 (one module
+    may hold several), a single attribute (or ``None``) in 2.11."""
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    group = state._fsdp_param_group  # torch 2.11
+    return [] if group is None else [group]
 
 
 # The scaled FP8 GEMM ``scale_a * scale_b * (a @ b)`` of FP8 operands (``a``

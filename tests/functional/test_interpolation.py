@@ -24,6 +24,7 @@ from torch import Tensor
 
 import unit_scaling.functional as U
 from tests.helpers import assert_unit_scale, gradcheck_scaled, randn, unit_backward
+from unit_scaling._torch_internals import INTERPOLATE_HAS_LANCZOS
 from unit_scaling.constraints import apply_constraint
 
 # (spatial shape, interpolate keyword arguments)
@@ -86,8 +87,23 @@ def _reference_scales(
     return (math.prod(matrix.shape[2:]) / norm_sq) ** 0.5, (n_in / norm_sq) ** 0.5
 
 
+def _params(configs: list[tuple[tuple[int, ...], dict[str, Any]]]) -> list[Any]:
+    """``configs`` as test parameters; lanczos ones skipped where torch lacks it."""
+    return [
+        pytest.param(
+            config,
+            id=_ids(config),
+            marks=pytest.mark.skipif(
+                config[1].get("mode") == "lanczos" and not INTERPOLATE_HAS_LANCZOS,
+                reason="torch < 2.12 has no lanczos interpolation",
+            ),
+        )
+        for config in configs
+    ]
+
+
 @pytest.mark.parametrize("constraint", [None, "to_output_scale", "to_grad_input_scale"])
-@pytest.mark.parametrize("config", CONFIGS, ids=_ids)
+@pytest.mark.parametrize("config", _params(CONFIGS))
 def test_interpolate_matches_torch_times_exact_scales(
     config: tuple[tuple[int, ...], dict[str, Any]], constraint: str | None
 ) -> None:
@@ -115,7 +131,7 @@ UNIT_CONFIGS: list[tuple[tuple[int, ...], dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize("config", UNIT_CONFIGS, ids=_ids)
+@pytest.mark.parametrize("config", _params(UNIT_CONFIGS))
 def test_interpolate_unconstrained_is_unit_scaled(
     config: tuple[tuple[int, ...], dict[str, Any]],
 ) -> None:
@@ -175,3 +191,13 @@ def test_interpolate_rejects_bad_arguments(
 ) -> None:
     with pytest.raises(ValueError, match=match):
         call(randn(2, 3, 4, 4))
+
+
+def test_lanczos_on_a_torch_without_it_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from unit_scaling.functional import interpolation
+
+    monkeypatch.setattr(interpolation, "INTERPOLATE_HAS_LANCZOS", False)
+    with pytest.raises(ValueError, match=r"mode='lanczos' needs torch >= 2\.12"):
+        U.interpolate(torch.randn(1, 1, 8, 8), size=4, mode="lanczos", antialias=True)

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import unit_scaling.functional as U
+from unit_scaling._torch_internals import torch_version
 from unit_scaling.functional import torch_map
 
 P = inspect.Parameter
@@ -111,6 +112,11 @@ def _id(pair: Pair) -> str:
 KNOWN_MISMATCHES = {
     "torch.matmul->U.matmul": "the SPEC (§1.4) names U.matmul's operands left/right",
 }
+if torch_version() < (2, 13):
+    KNOWN_MISMATCHES["torch.bmm->U.bmm"] = (
+        "torch 2.11 and 2.12's bmm takes out_dtype third (gone in 2.13); U.bmm's "
+        "third is constraint, which refuses a dtype with a ValueError"
+    )
 
 
 def signature_problems(torch_params: list[P], ours: list[P]) -> list[str]:

@@ -83,11 +83,13 @@ def gemm(a: Tensor, b: Tensor, scale: float, out_dtype: torch.dtype) -> Tensor:
 
 @torch.library.custom_op("unit_scaling::cpu_fp8_gemm", mutates_args=())
 def _cpu_gemm(a: Tensor, b: Tensor, scale: Tensor, out_dtype: torch.dtype) -> Tensor:
-    """``_scaled_mm`` on the CPU, as an op of its own. torch 2.13's CPU emulation
-    sends E4M3 x E4M3 to oneDNN, which takes ~250x longer than torch's own path
-    (3.9 s against 16 ms for 1024x128x512) for the same result; compiled graphs
-    take that path too. Here oneDNN is off for the call (eager or compiled).
-    ``tests/test_float8.py`` times both paths and says when this can go."""
+    """``_scaled_mm`` on the CPU, as an op of its own. On a CPU with AMX, torch
+    (2.11 to 2.15) sends E4M3 x E4M3 to oneDNN, which takes ~250x longer than
+    torch's own path (3.9 s against 16 ms for 1024x128x512) for the same result;
+    compiled graphs take that path too. Here oneDNN is off for the call (eager
+    or compiled). ``tests/test_float8.py`` checks which kernel runs;
+    ``python -m benchmarks.float8 --onednn`` times both and says whether this
+    still pays."""
     enabled = onednn_enabled()
     set_onednn_enabled(False)
     try:

@@ -23,9 +23,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._torch_internals import INTERPOLATE_HAS_LANCZOS
 from ._checks import validate_constraint
 from ._scaling import memoise, scaled_unary
 from ._windows import adaptive_windows, average_scales
@@ -250,6 +252,11 @@ def interpolate(
     if mode not in _MODES:
         raise ValueError(
             f"U.interpolate: mode={mode!r} is not one of torch's modes {_MODES}"
+        )
+    if mode == "lanczos" and not INTERPOLATE_HAS_LANCZOS:
+        raise ValueError(
+            "U.interpolate: mode='lanczos' needs torch >= 2.12, and torch "
+            f"{torch.__version__} is installed: upgrade torch or use mode='bicubic'"
         )
     if input.dim() < 3:
         raise ValueError(

@@ -42,6 +42,8 @@ from torch._dynamo.utils import counters
 from torch.fx import GraphModule
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from .._torch_internals import NESTED_GRAPH_BREAKS_WORK, symint_hint
+
 __all__ = [
     "UNTRACEABLE",
     "break_reasons",
@@ -238,11 +240,9 @@ def anchor_module_paths(
 def concrete(value: Any) -> Any:
     """A symbolic size Dynamo passes for a dynamic-shape graph, as the concrete
     value it had in this call (its hint); anything else unchanged."""
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        from torch.fx.experimental.symbolic_shapes import optimization_hint
-
-        if isinstance(value, torch.SymInt):
-            return optimization_hint(value)
+    if isinstance(value, torch.SymInt):
+        return symint_hint(value)
+    if isinstance(value, (torch.SymFloat, torch.SymBool)):
         return value.node.hint
     return value
 
@@ -268,13 +268,15 @@ def capturing(non_recurse: Sequence[Callable[..., Any]]) -> Iterator[None]:
     traced frame (a mixture-of-experts layer's data-dependent expert loop, say)
     makes Dynamo re-trace the outer frame up to that call, once per break:
     Switch Transformers' first output took 10.8 s, now 8.4 s (a plain
-    ``torch.compile(backend="eager")`` of that model: 9.9 s, now 8.3 s)."""
+    ``torch.compile(backend="eager")`` of that model: 9.9 s, now 8.3 s). Off on
+    torch 2.11, whose nested graph breaks can mix up a frame's locals
+    (``NESTED_GRAPH_BREAKS_WORK``)."""
     with (
         opaque_functions(non_recurse),
         torch._dynamo.config.patch(
             specialize_float=True,
             recompile_limit=_RECOMPILE_LIMIT,
-            nested_graph_breaks=True,
+            nested_graph_breaks=NESTED_GRAPH_BREAKS_WORK,
             # FSDP2-sharded blocks of one class would otherwise share one graph,
             # but each has its own scales (u-μP's residual weight by depth).
             skip_fsdp_guards=False,
