@@ -3,12 +3,14 @@ transposes and copies per converted linear per training step, and proof that
 conversion keeps no extra copy of any weight.
 
 Counts, not timings, so they are the same on every machine (and asserted in
-``tests/test_benchmarks.py``). A :class:`OpCounter` (a ``TorchDispatchMode``)
-sees every aten op that runs: inside ``autograd.Function``\\ s and, for custom
-ops such as the CPU stand-in for ``torch._scaled_mm``, the aten ops inside them;
-views (``t``, ``view``, slices) cost no kernel and are left out. One training
-step of a :class:`unit_scaling.float8.Float8Linear` (forward and backward under
-bf16 autocast, as ``benchmarks/float8_gpu.py`` trains) is counted by category:
+``tests/test_benchmarks.py``). The counter is ``benchmarks/op_counts.py``'s
+:class:`~benchmarks.op_counts.OpCounter` (a ``TorchDispatchMode``), which sees
+every aten op that runs: inside ``autograd.Function``\\ s and, for custom ops
+such as the CPU stand-in for ``torch._scaled_mm``, the aten ops inside them;
+views (``t``, ``view``, slices) and unfilled allocations cost no kernel and are
+left out. One training step of a :class:`unit_scaling.float8.Float8Linear`
+(forward and backward under bf16 autocast, as ``benchmarks/float8_gpu.py``
+trains) is counted by the category :func:`category` gives:
 
 * ``FP8 GEMM``: ``_scaled_mm``, three per step;
 * ``saturating clamp``: the first half of a saturating cast to FP8;
@@ -36,18 +38,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-from collections import Counter
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import unit_scaling as uu
 from unit_scaling._torch_internals import pytree
 from unit_scaling.float8 import Float8Config, convert_to_float8_training
 
 from ._measure import table
+from .op_counts import OpCounter
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 CATEGORIES = (
@@ -64,16 +65,21 @@ CATEGORIES = (
 IN_FEATURES, OUT_FEATURES, TOKENS = 256, 512, 64
 
 
-# Allocations without a kernel: left out as views are.
-_NO_KERNEL = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided"}
-
-
 def _tensors(tree: Any) -> list[Tensor]:
     return [t for t in pytree.tree_leaves(tree) if isinstance(t, Tensor)]
 
 
-def _category(func: Any, args: Any, kwargs: Any, out: Any) -> str:
-    """Which of :data:`CATEGORIES` an aten op that ran belongs to."""
+def category(func: Any, args: Any, kwargs: Any, out: Any) -> str:
+    """Which of :data:`CATEGORIES` an aten op that ran belongs to: the
+    ``classify`` of an :class:`~benchmarks.op_counts.OpCounter`.
+
+    Example::
+
+        >>> with OpCounter(category) as counter:
+        ...     _ = torch.randn(4, 4).t().contiguous()
+        >>> by_category(counter)["layout copy"]
+        1
+    """
     name = func.overloadpacket.__name__
     if name in ("_scaled_mm", "mm", "addmm", "bmm", "matmul"):
         return "FP8 GEMM" if name == "_scaled_mm" else "other"
@@ -91,48 +97,13 @@ def _category(func: Any, args: Any, kwargs: Any, out: Any) -> str:
     return "other"
 
 
-class OpCounter(TorchDispatchMode):
-    """Counts every aten op that runs while active (views left out), by
-    ``(category, op name)``; a custom op is not counted itself but the aten
-    ops it runs are.
-
-    Example::
-
-        >>> with OpCounter() as counter:
-        ...     _ = torch.randn(4, 4).t().contiguous()
-        >>> counter.by_category()["layout copy"]
-        1
-    """
-
-    def __init__(self, counts: Counter[tuple[str, str]] | None = None) -> None:
-        super().__init__()
-        self.counts: Counter[tuple[str, str]] = Counter() if counts is None else counts
-
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        if func.namespace != "aten":  # a custom op: what it runs is counted
-            # Below the Python key (this mode's), so that the op's kernel runs
-            # with the counter active rather than calling back into it.
-            keys = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.Python)
-            for t in _tensors((args, kwargs)):
-                keys = keys & torch._C._dispatch_keys(t)
-                break
-            with OpCounter(self.counts):
-                return func.redispatch(keys, *args, **kwargs)
-        out = func(*args, **kwargs)
-        if not (func.is_view or func.overloadpacket.__name__ in _NO_KERNEL):
-            category = _category(func, args, kwargs, out)
-            self.counts[category, func.overloadpacket.__name__] += 1
-        return out
-
-    def by_category(self) -> dict[str, int]:
-        """Ops per category of :data:`CATEGORIES`, zeros included."""
-        totals = dict.fromkeys(CATEGORIES, 0)
-        for (category, _), n in self.counts.items():
-            totals[category] += n
-        return totals
+def by_category(counter: OpCounter) -> dict[str, int]:
+    """The ops ``counter`` counted (with :func:`category`) per category of
+    :data:`CATEGORIES`, zeros included."""
+    totals = dict.fromkeys(CATEGORIES, 0)
+    for (found, _), n in counter.classified.items():
+        totals[found] += n
+    return totals
 
 
 @dataclasses.dataclass
@@ -163,7 +134,7 @@ def count_step(
     for counted in (False, True):
         layer.zero_grad(set_to_none=True)
         x.grad = None
-        forward, backward = OpCounter(), OpCounter()
+        forward, backward = OpCounter(category), OpCounter(category)
         with (
             torch.autocast(device, dtype=torch.bfloat16, enabled=autocast),
             forward if counted else contextlib.nullcontext(),
@@ -251,14 +222,11 @@ def run() -> str:
     for bias, save in ((False, False), (True, False), (False, True)):
         config = Float8Config(save_fp8_inputs=save)
         counts = count_step(bias=bias, config=config)
-        f, b = counts.forward.by_category(), counts.backward.by_category()
+        f, b = by_category(counts.forward), by_category(counts.backward)
         rows: list[tuple[str, ...]] = [
             (c, str(f[c]), str(b[c]), str(f[c] + b[c])) for c in CATEGORIES
         ]
-        names: Counter[str] = Counter()
-        for counter in (counts.forward, counts.backward):
-            for (_, name), n in counter.counts.items():
-                names[name] += n
+        names = counts.forward.counts + counts.backward.counts
         listing = ", ".join(f"{name} {n}" for name, n in sorted(names.items()))
         out.append(
             f"Ops of one training step of one FP8 linear ({IN_FEATURES} -> "

@@ -16,7 +16,9 @@ of the step counts torch's optimizers keep on the CPU; on a device it is a sync,
 and counts). Operators inside autograd Functions are seen as they run; a custom
 operator (``torch.library``) is counted by the aten operators of its
 implementation, run under the counter, or as one kernel if it dispatches none
-(a C++ or Triton kernel). Profiler markers are not operators.
+(a C++ or Triton kernel). Profiler markers are not operators. Given a
+``classify`` function, the counter also counts by ``(category, name)``
+(``benchmarks/float8_ops.py`` sorts an FP8 layer's operators so).
 
 Targets: the whole step ≤ 1.1× the plain model's, and the optimizer step ≤ 1.5×
 torch's foreach AdamW on the same (u-μP) parameters. Run:
@@ -48,8 +50,19 @@ STEP_TARGET, OPTIMIZER_TARGET = 1.1, 1.5
 # aten operators that launch no kernel although their schema returns a new
 # tensor: a reshape that shares storage, and allocations left unfilled.
 _NO_KERNEL = frozenset(
-    {"_unsafe_view", "empty", "empty_like", "empty_strided", "new_empty"}
+    {
+        "_unsafe_view",
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+    }
 )
+
+Classify = Callable[[Any, tuple[Any, ...], dict[str, Any], Any], str]
+"""``classify(func, args, kwargs, out)``: the category of an operator that ran
+(``out`` is what it returned)."""
 
 
 def _is_alias(func: Any) -> bool:
@@ -83,7 +96,8 @@ def _device_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 
 class OpCounter(TorchDispatchMode):
     """Counts the aten operators that launch kernels, by name (see the module
-    docstring for what counts).
+    docstring for what counts); given ``classify``, also by ``(category,
+    name)`` in :attr:`classified`.
 
     Example::
 
@@ -91,16 +105,36 @@ class OpCounter(TorchDispatchMode):
         ...     _ = torch.ones(3).t().mul(2).sum()
         >>> dict(counter.counts)  # `ones` fills, `t` is a view
         {'ones': 1, 'mul': 1, 'sum': 1}
+        >>> def category(func, args, kwargs, out):
+        ...     return "reduce" if func.overloadpacket.__name__ == "sum" else "other"
+        >>> with OpCounter(category) as counter:
+        ...     _ = torch.ones(3).t().mul(2).sum()
+        >>> dict(counter.classified)
+        {('other', 'ones'): 1, ('other', 'mul'): 1, ('reduce', 'sum'): 1}
     """
 
-    def __init__(self) -> None:
+    def __init__(self, classify: Classify | None = None) -> None:
         super().__init__()
+        self.classify = classify
         self.counts: collections.Counter[str] = collections.Counter()
+        self.classified: collections.Counter[tuple[str, str]] = collections.Counter()
 
     @property
     def total(self) -> int:
         """All operators counted."""
         return sum(self.counts.values())
+
+    def _count(
+        self,
+        func: Any,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        out: Any,
+    ) -> None:
+        self.counts[name] += 1
+        if self.classify is not None:
+            self.classified[self.classify(func, args, kwargs, out), name] += 1
 
     def __torch_dispatch__(
         self,
@@ -114,9 +148,10 @@ class OpCounter(TorchDispatchMode):
             return func(*args, **kwargs)
         if func.namespace not in ("aten", "prims"):
             return self._custom_op(func, args, kwargs)
+        out = func(*args, **kwargs)
         if _launches_a_kernel(func, args):
-            self.counts[func.overloadpacket.__name__] += 1
-        return func(*args, **kwargs)
+            self._count(func, func.overloadpacket.__name__, args, kwargs, out)
+        return out
 
     def _custom_op(
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -129,7 +164,7 @@ class OpCounter(TorchDispatchMode):
         with self:
             out = func.redispatch(torch._C.DispatchKeySet(key), *args, **kwargs)
         if self.total == before:  # a compiled kernel: one launch at least
-            self.counts[str(func.overloadpacket)] += 1
+            self._count(func, str(func.overloadpacket), args, kwargs, out)
         return out
 
 
