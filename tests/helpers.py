@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.fx import GraphModule
 
 from unit_scaling.scale import scale_bwd
 
@@ -71,3 +73,43 @@ def gradcheck_scaled(
         return fn(*xs)
 
     return bool(torch.autograd.gradcheck(unscaled, tuple(inputs)))
+
+
+def in_place_function(base: type[torch.autograd.Function]) -> Any:
+    """A ``base`` subclass computing ``y = s (x + 1)`` with the product taken in
+    place (as ``U.residual_add`` does): the case torch 2.11's Dynamo drops the
+    gradient of."""
+
+    class InPlace(base):  # type: ignore[misc,valid-type]
+        @staticmethod
+        def forward(x: Tensor, scale: float) -> Tensor:
+            return torch.add(x, 1).mul_(scale)
+
+        @staticmethod
+        def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+            ctx.scale = inputs[1]
+
+        @staticmethod
+        def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+            return grad * ctx.scale, None
+
+    return InPlace
+
+
+def compiled_grad(function: Any, graphs: list[GraphModule] | None = None) -> Tensor:
+    """The gradient of ``x = ones(3)`` through ``function.apply(x, 2.0)`` under
+    ``torch.compile`` with an eager backend (recording Dynamo's graphs in
+    ``graphs`` when given)."""
+
+    def backend(gm: GraphModule, example_inputs: Sequence[Any]) -> Any:
+        if graphs is not None:
+            graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    x = torch.ones(3, requires_grad=True)
+    compiled = torch.compile(lambda t: function.apply(t, 2.0) * 1.0, backend=backend)
+    compiled(x).sum().backward()
+    torch._dynamo.reset()
+    assert x.grad is not None
+    return x.grad

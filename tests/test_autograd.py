@@ -4,15 +4,13 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
-from typing import Any
 
 import pytest
 import torch
-from torch import Tensor
 from torch.fx import GraphModule
 
 import unit_scaling.functional as U
+from tests.helpers import compiled_grad, in_place_function
 from unit_scaling import _autograd
 from unit_scaling._autograd import Function
 from unit_scaling.scale import scale_bwd, scale_fwd
@@ -56,46 +54,12 @@ def test_func_grad_matches_backward() -> None:
     torch.testing.assert_close(grad_x, torch.full_like(x, 3.0))
 
 
-def _in_place_function() -> type[Function]:
-    class InPlace(Function):
-        """``y = s (x + 1)``, the product taken in place (as ``residual_add``)."""
-
-        @staticmethod
-        def forward(x: Tensor, scale: float) -> Tensor:
-            return torch.add(x, 1).mul_(scale)
-
-        @staticmethod
-        def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-            ctx.scale = inputs[1]
-
-        @staticmethod
-        def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-            return grad * ctx.scale, None
-
-    return InPlace
-
-
-def _compiled_grad(function: type[Function], graphs: list[GraphModule]) -> Tensor:
-    def backend(gm: GraphModule, example_inputs: Sequence[Any]) -> Any:
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    x = torch.ones(3, requires_grad=True)
-    torch.compile(lambda t: function.apply(t, 2.0) * 1.0, backend=backend)(
-        x
-    ).sum().backward()
-    torch._dynamo.reset()
-    assert x.grad is not None
-    return x.grad
-
-
 def test_compiled_gradient_of_an_output_made_in_place() -> None:
     # torch 2.11's Dynamo drops it (all zeros) unless the forward returns a
     # fresh tensor; every version must give the true gradient.
     graphs: list[GraphModule] = []
     torch.testing.assert_close(
-        _compiled_grad(_in_place_function(), graphs), torch.full((3,), 2.0)
+        compiled_grad(in_place_function(Function), graphs), torch.full((3,), 2.0)
     )
     assert graphs, "torch.compile ran eagerly"
 
@@ -104,9 +68,9 @@ def test_fresh_outputs_under_compile_only(monkeypatch: pytest.MonkeyPatch) -> No
     # The 2.11 workaround, forced on any torch: the compiled forward returns a
     # new tensor on the output's memory; the eager path does not run it.
     monkeypatch.setattr(_autograd, "COMPILED_FUNCTION_OUTPUTS_NEED_FRESH_TENSORS", True)
-    function = _in_place_function()
+    function = in_place_function(Function)
     graphs: list[GraphModule] = []
-    torch.testing.assert_close(_compiled_grad(function, graphs), torch.full((3,), 2.0))
+    torch.testing.assert_close(compiled_grad(function, graphs), torch.full((3,), 2.0))
     forward_graphs = [
         sub
         for gm in graphs

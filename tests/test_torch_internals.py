@@ -9,12 +9,12 @@ import re
 import subprocess
 import sys
 import warnings
-from typing import Any
 
 import pytest
 import torch
 from torch import Tensor, nn
 
+from tests.helpers import compiled_grad, in_place_function
 from unit_scaling import _torch_internals as internals
 
 
@@ -265,41 +265,13 @@ def test_importing_the_package_runs_the_check() -> None:
     assert last.startswith("ImportError: unit_scaling needs torch >= 2.11"), last
 
 
-def _in_place_output_grad(function: type[torch.autograd.Function]) -> Tensor:
-    """The gradient of ``x`` through ``function`` (whose forward ends with an
-    in-place op) under ``torch.compile`` with Dynamo's eager backend."""
-    torch._dynamo.reset()
-    x = torch.ones(3, requires_grad=True)
-    compiled = torch.compile(lambda t: function.apply(t, 2.0) * 1.0, backend="eager")
-    compiled(x).sum().backward()
-    torch._dynamo.reset()
-    assert x.grad is not None
-    return x.grad
-
-
-class _TorchsInPlace(torch.autograd.Function):
-    """``y = 2 (x + 1)`` computed in place, as a plain torch Function."""
-
-    @staticmethod
-    def forward(x: Tensor, scale: float) -> Tensor:
-        return torch.add(x, 1).mul_(scale)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        ctx.scale = inputs[1]
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return grad * ctx.scale, None
-
-
 def test_the_compiled_function_flag_matches_dynamo() -> None:
     # Where the flag is set, Dynamo's graph of a torch Function whose output is
     # made in place silently drops its gradient; where not, it keeps it. Fails
     # on a torch whose behaviour and flag disagree.
     before_2_12 = internals.torch_version() < (2, 12)
     assert internals.COMPILED_FUNCTION_OUTPUTS_NEED_FRESH_TENSORS is before_2_12
-    grad = _in_place_output_grad(_TorchsInPlace)
+    grad = compiled_grad(in_place_function(torch.autograd.Function))
     torch.testing.assert_close(grad, torch.full((3,), 0.0 if before_2_12 else 2.0))
 
 
