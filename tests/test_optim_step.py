@@ -93,6 +93,27 @@ def _assert_same(
             assert torch.equal(value, ref_state[key]), (name, key)
 
 
+def _step_both(
+    model: nn.Module,
+    reference: nn.Module,
+    opt: torch.optim.Optimizer,
+    ref_opt: torch.optim.Optimizer,
+    steps: int,
+    schedulers: tuple[Any, ...] = (),
+) -> None:
+    """Take ``steps`` steps of both optimizers on the same gradients (then of
+    ``schedulers``, after each), and check that parameters and state are
+    bitwise the same."""
+    for step in range(steps):
+        _with_grads(model, step)
+        _with_grads(reference, step)
+        opt.step()
+        ref_opt.step()
+        for scheduler in schedulers:
+            scheduler.step()
+    _assert_same(model, reference, opt, ref_opt)
+
+
 CASES = [
     ("AdamW", {"weight_decay": DECAY}),
     ("AdamW", {"weight_decay": DECAY, "amsgrad": True, "betas": (0.8, 0.9)}),
@@ -114,12 +135,7 @@ def test_steps_equal_the_unbatched_optimizer_bit_for_bit(
     options = {**options, "foreach": foreach}
     opt = OURS[kind](model.parameters(), lr=LR, **options)
     ref_opt = _unbatched(kind, reference.parameters(), options)
-    for step in range(4):
-        _with_grads(model, step)
-        _with_grads(reference, step)
-        opt.step()
-        ref_opt.step()
-    _assert_same(model, reference, opt, ref_opt)
+    _step_both(model, reference, opt, ref_opt, steps=4)
     assert not torch.equal(model.hidden0, _Model().hidden0)
 
 
@@ -129,12 +145,7 @@ def test_fused_steps_equal_the_unbatched_optimizer(kind: str) -> None:
     options = {"fused": True, "weight_decay": DECAY}
     opt = OURS[kind](model.parameters(), lr=LR, **options)
     ref_opt = _unbatched(kind, reference.parameters(), options)
-    for step in range(3):
-        _with_grads(model, step)
-        _with_grads(reference, step)
-        opt.step()
-        ref_opt.step()
-    _assert_same(model, reference, opt, ref_opt)
+    _step_both(model, reference, opt, ref_opt, steps=3)
 
 
 def test_user_groups_with_their_own_settings() -> None:
@@ -149,12 +160,7 @@ def test_user_groups_with_their_own_settings() -> None:
     opt = AdamW(groups(model), lr=LR, weight_decay=DECAY, foreach=True)
     scaled = scaled_parameters(groups(reference), lr_scale_func_adam, LR, DECAY)
     ref_opt = torch.optim.AdamW(scaled, lr=LR, foreach=True)
-    for step in range(3):
-        _with_grads(model, step)
-        _with_grads(reference, step)
-        opt.step()
-        ref_opt.step()
-    _assert_same(model, reference, opt, ref_opt)
+    _step_both(model, reference, opt, ref_opt, steps=3)
 
 
 def _calls_of_second_step(opt: torch.optim.Optimizer, model: nn.Module) -> OpCounter:
@@ -285,14 +291,7 @@ def test_tensor_learning_rate_follows_a_schedule() -> None:
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5**s)
     ref_scheduler = torch.optim.lr_scheduler.LambdaLR(ref_opt, lambda s: 0.5**s)
-    for step in range(3):
-        _with_grads(model, step)
-        _with_grads(reference, step)
-        opt.step()
-        ref_opt.step()
-        scheduler.step()
-        ref_scheduler.step()
-    _assert_same(model, reference, opt, ref_opt)
+    _step_both(model, reference, opt, ref_opt, 3, (scheduler, ref_scheduler))
 
 
 def _through_a_file(saved: dict[str, Any]) -> dict[str, Any]:
