@@ -7,8 +7,9 @@ numerics. Conventionally imported as ``import unit_scaling as uu``.
 Example::
 
     >>> import unit_scaling as uu
-    >>> model = uu.TransformerDecoder(hidden_size=64, vocab_size=256, layers=2, heads=4)
-    >>> opt = uu.optim.AdamW(model.parameters(), lr=2**-4)
+    >>> model = uu.TransformerDecoder(hidden_size=64, vocab_size=256, layers=2,
+    ...                               heads=4, **uu.RECOMMENDED.multipliers)
+    >>> opt = uu.optim.AdamW(model.parameters(), lr=uu.RECOMMENDED.lr)
 """
 
 from . import (
@@ -23,13 +24,16 @@ from . import (
 from .core.functional import transformer_residual_scaling_rule
 from .modules import *  # noqa: F403 - every module class, as torch.nn has them
 from .parameter import MupType, Parameter
+from .recommended import RECOMMENDED, Recommended
 
 __version__ = "0.1.0"
 
 __all__ = [  # the module classes are listed in modules.__all__
     *modules.__all__,
+    "RECOMMENDED",
     "MupType",
     "Parameter",
+    "Recommended",
     "__version__",
     "constraints",
     "core",
