@@ -33,8 +33,8 @@ def make_sp(width: int) -> tuple[nn.Module, torch.optim.Optimizer]:
 def results() -> pd.DataFrame:
     return pd.concat(
         [
-            coord_check(make_umup, WIDTHS, label="u-μP", **OPTIONS),
-            coord_check(make_sp, WIDTHS, label="SP", **OPTIONS),
+            coord_check(make_umup, WIDTHS, label="u-μP", updates=True, **OPTIONS),
+            coord_check(make_sp, WIDTHS, label="SP", updates=True, **OPTIONS),
         ]
     )
 
@@ -43,6 +43,7 @@ def test_records_every_layer_at_every_step_and_width(results: pd.DataFrame) -> N
     umup = results[results["label"] == "u-μP"]
     assert list(umup.columns) == [
         "label", "width", "step", "module", "group", "type", "rms", "loss",
+        "weight_update", "output_update",
     ]  # fmt: skip
     modules = set(umup["module"])
     # leaf modules and the blocks of the layer stack; dropout (p=0) is skipped
@@ -145,3 +146,94 @@ def test_bad_arguments() -> None:
         plot_coord_check(df)
     with pytest.raises(ValueError, match="no 'label' named"):
         plot_coord_check(df, by="label", panels=["other"])
+
+
+def test_without_updates_there_are_no_update_columns() -> None:
+    df = coord_check(make_sp, [32], steps=1, batch_size=2, seq_len=8)
+    assert "weight_update" not in df.columns and "output_update" not in df.columns
+    with pytest.raises(ValueError, match="updates=True"):
+        plot_coord_check(df, value="output_update")
+    with pytest.raises(ValueError, match="updates=True"):
+        coord_check_spread(df, value="weight_update")
+    with pytest.raises(ValueError, match="value must be one of"):
+        plot_coord_check(df, value="gradient")
+
+
+class _Bigram(nn.Module):
+    """An embedding and a linear readout: the two update sizes by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(256, 8)
+        self.readout = nn.Linear(8, 256)
+
+    def loss(self, batch: torch.Tensor) -> torch.Tensor:
+        logits = self.readout(self.embedding(batch[:, :-1]))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+
+
+def test_update_sizes_are_those_of_the_step() -> None:
+    def make(width: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model = _Bigram()
+        return model, torch.optim.SGD(model.parameters(), lr=0.5)
+
+    df = coord_check(make, [8], steps=1, batch_size=2, seq_len=8, seed=5, updates=True)
+    # the same step by hand
+    torch.manual_seed(5)
+    model, optimizer = make(8)
+    from unit_scaling.analysis._corpus import analysis_corpus
+
+    batch = next(analysis_corpus().batches("train", 2, 8, 5))
+    x = model.embedding(batch[:, :-1]).detach()
+    w, b = model.readout.weight.detach().clone(), model.readout.bias.detach().clone()
+    old_rows = model.embedding.weight.detach().clone()
+    model.loss(batch).backward()
+    optimizer.step()
+    dw, db = model.readout.weight.detach() - w, model.readout.bias.detach() - b
+    expected_weight = (dw.square().sum() + db.square().sum()).sqrt() / (
+        w.square().sum() + b.square().sum()
+    ).sqrt()
+    y, dy = x @ w.T + b, x @ dw.T + db
+    expected_output = dy.square().mean().sqrt() / y.square().mean().sqrt()
+    row = df[(df["module"] == "readout") & (df["step"] == 0)]
+    assert row["weight_update"].item() == pytest.approx(
+        expected_weight.item(), rel=1e-4
+    )
+    assert row["output_update"].item() == pytest.approx(
+        expected_output.item(), rel=1e-4
+    )
+    # the embedding's output change is that of the rows the batch looked up
+    ids = batch[:, :-1]
+    d_rows = model.embedding.weight.detach()[ids] - old_rows[ids]
+    expected = d_rows.square().mean().sqrt() / old_rows[ids].square().mean().sqrt()
+    row = df[(df["module"] == "embedding") & (df["step"] == 0)]
+    assert row["output_update"].item() == pytest.approx(expected.item(), rel=1e-4)
+    # no step follows the last measurement
+    assert df[df["step"] == 1]["output_update"].isna().all()
+
+
+def test_umup_updates_move_hidden_outputs_alike_at_every_width(
+    results: pd.DataFrame,
+) -> None:
+    """μP's statement: a step moves each hidden layer's output by an amount
+    independent of width; under SP a fixed Adam lr moves wider layers more."""
+    spread = coord_check_spread(results, value="output_update")
+    first = spread[spread["step"] == 0].set_index(["label", "group"])["slope"]
+    # (not the readout: its output starts ∝ width^-½ by design, so its relative
+    # change does not measure the update's effect until training has lifted it)
+    hidden = ["layers.*.mhsa.linear_qkv", "layers.*.mhsa.linear_o"]
+    hidden += ["layers.*.mlp.linear_gate", "layers.*.mlp.linear_2"]
+    for group in hidden:
+        assert abs(first["u-μP", group]) < 0.15, group
+    assert first["SP", "layers.*.linear_gate"] > 0.25
+    # u-μP's Adam rule lr/sqrt(fan_in) for the embedding table (fan_in = width)
+    assert first["u-μP", "embedding"] == pytest.approx(-0.5, abs=0.1)
+
+
+def test_plot_of_an_update_column(results: pd.DataFrame) -> None:
+    fig = plot_coord_check(
+        results, panels=["embedding", "projection"], value="output_update"
+    )
+    grid = [ax for ax in fig.axes if ax.lines]
+    assert all(len(ax.lines) == STEPS for ax in grid)  # no step after the last
+    assert "Δy" in grid[0].get_ylabel()

@@ -5,6 +5,13 @@ training, is independent of width. A *coordinate check* tests this directly: bui
 the model at several widths, train each for a few steps on the same batches, and
 record the RMS of every layer's output. Under a good parametrisation the curves
 of RMS against width are flat; under the standard parametrisation they spread.
+
+With ``updates=True`` it also records what μP theory is stated in: how much each
+optimizer step changes a layer's own weights relative to their size
+(``‖ΔW‖/‖W‖``) and how much that change alone moves the layer's output on the
+same input (``‖ΔW·x‖/‖W·x‖`` for a linear layer; any module with parameters is
+simply run again). Under μP the second is independent of width for every layer;
+a layer whose output update shrinks as the model widens stops learning there.
 """
 
 from __future__ import annotations
@@ -32,6 +39,12 @@ ModelFactory = Callable[[int], tuple[nn.Module, torch.optim.Optimizer]]
 ModuleFilter = Callable[[str, nn.Module], bool]
 
 _COLUMNS = ["label", "width", "step", "module", "group", "type", "rms", "loss"]
+_UPDATE_COLUMNS = ["weight_update", "output_update"]
+_VALUES = {
+    "rms": "activation RMS",
+    "weight_update": "‖ΔW‖ / ‖W‖",
+    "output_update": "‖Δy‖ / ‖y‖",
+}
 
 
 def _layers(name: str, module: nn.Module, parent: nn.Module | None) -> bool:
@@ -73,35 +86,102 @@ def _selected_modules(
     ]
 
 
+class _Call:
+    """One module call kept for replay: its inputs, output and own parameters."""
+
+    def __init__(self, args: Any, kwargs: dict[str, Any], output: Tensor) -> None:
+        self.args = pytree.tree_map(_detached, args)
+        self.kwargs = pytree.tree_map(_detached, kwargs)
+        self.output = output.detach()
+
+
+def _detached(x: Any) -> Any:
+    return x.detach() if isinstance(x, Tensor) else x
+
+
+def _rms(x: Tensor) -> Tensor:
+    return x.detach().float().pow(2).mean().sqrt()
+
+
 def _record_step(
     model: nn.Module,
     modules: list[tuple[str, nn.Module]],
     loss_fn: LossFn,
     batch: Tensor,
-) -> tuple[dict[str, float], Tensor]:
-    """Run ``loss_fn`` once, returning each selected module's output RMS."""
+    keep_calls: bool = False,
+) -> tuple[dict[str, float], Tensor, dict[str, _Call]]:
+    """Run ``loss_fn`` once, returning each selected module's output RMS (and,
+    with ``keep_calls``, the call of each module that has parameters of its own)."""
     outputs: dict[str, Tensor] = {}
+    calls: dict[str, _Call] = {}
 
-    def hook(name: str) -> Callable[[nn.Module, Any, Any], None]:
-        def record(module: nn.Module, inputs: Any, output: Any) -> None:
+    def hook(name: str, owns_parameters: bool) -> Callable[..., None]:
+        def record(
+            module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any
+        ) -> None:
             tensor = _first_float_tensor(output)
+            leaves = pytree.tree_leaves((args, kwargs))
             # Identity-like modules (dropout with p=0) would only repeat a row.
-            if tensor is None or any(tensor is x for x in pytree.tree_leaves(inputs)):
+            if tensor is None or any(tensor is x for x in leaves):
                 return
-            outputs[name] = tensor.detach().float().pow(2).mean().sqrt()
+            outputs[name] = _rms(tensor)
+            if keep_calls and owns_parameters and name not in calls:
+                calls[name] = _Call(args, kwargs, tensor)
 
         return record
 
-    handles = [m.register_forward_hook(hook(name)) for name, m in modules]
+    handles = [
+        m.register_forward_hook(
+            hook(name, next(m.parameters(recurse=False), None) is not None),
+            with_kwargs=True,
+        )
+        for name, m in modules
+    ]
     try:
         loss = loss_fn(model, batch)
     finally:
         for handle in handles:
             handle.remove()
     if not outputs:
-        return {}, loss
+        return {}, loss, calls
     values = torch.stack(list(outputs.values())).tolist()  # one host transfer
-    return dict(zip(outputs, values, strict=True)), loss
+    return dict(zip(outputs, values, strict=True)), loss, calls
+
+
+def _own_parameters(module: nn.Module) -> list[Tensor]:
+    return [p for p in module.parameters(recurse=False) if p.is_floating_point()]
+
+
+def _updates(
+    modules: dict[str, nn.Module],
+    calls: dict[str, _Call],
+    before: dict[str, list[Tensor]],
+) -> dict[str, tuple[float, float]]:
+    """``(‖ΔW‖/‖W‖, ‖Δy‖/‖y‖)`` of each called module after an optimizer step:
+    the step's change of the module's own parameters relative to their size, and
+    the change of its output on the same input that this alone causes (the input
+    is replayed; upstream layers' updates do not enter)."""
+    ratios: list[Tensor] = []
+    names = []
+    with torch.no_grad():
+        for name, call in calls.items():
+            module = modules[name]
+            old = before[name]
+            new = _own_parameters(module)
+            change = torch.stack(
+                [(n - o).float().pow(2).sum() for n, o in zip(new, old, strict=True)]
+            ).sum()
+            size = torch.stack([o.float().pow(2).sum() for o in old]).sum()
+            replayed = _first_float_tensor(module(*call.args, **call.kwargs))
+            if replayed is None or replayed.shape != call.output.shape:
+                continue
+            ratios.append((change / size).sqrt())
+            ratios.append(_rms(replayed - call.output) / _rms(call.output))
+            names.append(name)
+    if not names:
+        return {}
+    values = torch.stack(ratios).tolist()  # one host transfer
+    return {name: (values[2 * i], values[2 * i + 1]) for i, name in enumerate(names)}
 
 
 def coord_check(
@@ -116,6 +196,7 @@ def coord_check(
     include: ModuleFilter | None = None,
     label: str = "model",
     device: torch.device | str | None = None,
+    updates: bool = False,
 ) -> pd.DataFrame:
     """Train a model at several widths and record every layer's output RMS.
 
@@ -143,21 +224,32 @@ def coord_check(
             ``pd.concat``.
         device: where batches go. Default: the device of the model's first
             parameter.
+        updates: also record, for every selected module with parameters of its
+            own, the size of each optimizer step: ``weight_update``,
+            ``‖ΔW‖/‖W‖`` over the module's own parameters, and ``output_update``,
+            ``‖Δy‖/‖y‖``, the change of the module's output when it is run again
+            on the same input after the step (so only its own update counts).
+            μP asks the second to be independent of width.
 
     Returns:
         A long :class:`pandas.DataFrame` with one row per width, step and module:
         ``label``, ``width``, ``step`` (optimizer steps taken before the
         measurement), ``module`` (qualified name), ``group`` (the name with layer
         indices replaced by ``*``, e.g. ``layers.*.mlp.linear_1``), ``type``
-        (class name), ``rms`` and ``loss`` (the loss at that step).
+        (class name), ``rms`` and ``loss`` (the loss at that step). With
+        ``updates``, also ``weight_update`` and ``output_update``: those of the
+        step taken right after the measurement (NaN at the last measurement and
+        for modules without parameters of their own).
 
     Example::
 
         >>> def make(width):
         ...     model = uu.TransformerDecoder(width, 256, layers=2, heads=width // 32)
         ...     return model, uu.optim.AdamW(model.parameters(), lr=2**-3)
-        >>> df = coord_check(make, [64, 128, 256], steps=3, label="u-μP")
+        >>> df = coord_check(make, [64, 128, 256], steps=3, label="u-μP",
+        ...                  updates=True)
         >>> plot_coord_check(df).savefig("coord_check.png")
+        >>> plot_coord_check(df, value="output_update").savefig("updates.png")
     """
     require_plot_extra()
     import pandas as pd
@@ -183,11 +275,14 @@ def coord_check(
                 "coord_check: no module selected to record; check `include`"
             )
         types = {name: type(module).__name__ for name, module in modules}
+        by_name = dict(modules)
         model.train()
         for step in range(steps + 1):
             batch = next(stream)
-            rms, loss = _record_step(model, modules, loss_fn, batch)
+            keep = updates and step < steps
+            rms, loss, calls = _record_step(model, modules, loss_fn, batch, keep)
             loss_value = float(loss.detach())
+            first = len(rows)
             rows += [
                 {
                     "label": label,
@@ -202,20 +297,46 @@ def coord_check(
                 for name, value in rms.items()
             ]
             if step < steps:
+                before = {
+                    name: [p.detach().clone() for p in _own_parameters(by_name[name])]
+                    for name in calls
+                }
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()  # type: ignore[no-untyped-call]
                 optimizer.step()
-    return pd.DataFrame(rows, columns=_COLUMNS)
+                measured = _updates(by_name, calls, before)
+                for row in rows[first:]:
+                    ratios = measured.get(row["module"])
+                    if ratios is not None:
+                        row["weight_update"], row["output_update"] = ratios
+    columns = _COLUMNS + (_UPDATE_COLUMNS if updates else [])
+    return pd.DataFrame(rows, columns=columns)
 
 
-def _mean_over_layers(df: pd.DataFrame, by: str) -> pd.DataFrame:
-    """Geometric mean RMS over the modules of each (label, by, step, width)."""
-    logged = df.assign(log2_rms=df["rms"].map(_log2))
+def _mean_over_layers(df: pd.DataFrame, by: str, value: str = "rms") -> pd.DataFrame:
+    """Geometric mean of ``value`` over the modules of each (label, by, step,
+    width), as ``log2_<value>``. An update column's NaN (no step measured) is
+    left out; a NaN RMS (a diverged run) stays visible as NaN."""
+    if value != "rms":
+        df = df[df[value].notna()]
+    logged = df.assign(log2_value=df[value].map(_log2))
     return (
-        logged.groupby(["label", by, "step", "width"], sort=False)["log2_rms"]
+        logged.groupby(["label", by, "step", "width"], sort=False)["log2_value"]
         .mean()
         .reset_index()
     )
+
+
+def _check_value(df: pd.DataFrame, value: str, caller: str) -> None:
+    if value not in _VALUES:
+        raise ValueError(
+            f"{caller}: value must be one of {sorted(_VALUES)}, got {value!r}"
+        )
+    if value not in df.columns:
+        raise ValueError(
+            f"{caller}: df has no {value!r} column; run coord_check(..., "
+            "updates=True) to record the update sizes"
+        )
 
 
 def _log2(x: float) -> float:
@@ -224,17 +345,24 @@ def _log2(x: float) -> float:
     return math.log2(x) if x > 0 else -math.inf
 
 
-def coord_check_spread(df: pd.DataFrame, by: str = "group") -> pd.DataFrame:
-    """How much each layer's RMS changes across width, per step.
+def coord_check_spread(
+    df: pd.DataFrame, by: str = "group", value: str = "rms"
+) -> pd.DataFrame:
+    """How much each layer's RMS (or ``value``) changes across width, per step.
 
     Layers of one ``by`` value (e.g. all ``layers.*.mlp.linear_1``) are averaged
-    (geometric mean) first.
+    (geometric mean) first. ``value`` is the column measured: ``"rms"``
+    (default), or ``"weight_update"`` / ``"output_update"`` from
+    ``coord_check(..., updates=True)``.
 
     Returns:
         One row per ``label``, ``by`` value and ``step`` with ``spread`` (log₂ of
         the largest over the smallest RMS across widths: 0 is perfectly flat, 1
         a factor of two) and ``slope`` (least-squares slope of log₂ RMS against
         log₂ width: 0 is flat, ½ grows like ``sqrt(width)``).
+
+    Raises:
+        ValueError: an unknown ``value``, or one ``df`` does not have.
 
     Example::
 
@@ -248,11 +376,12 @@ def coord_check_spread(df: pd.DataFrame, by: str = "group") -> pd.DataFrame:
     require_plot_extra()
     import pandas as pd
 
-    means = _mean_over_layers(df, by)
+    _check_value(df, value, "coord_check_spread")
+    means = _mean_over_layers(df, by, value)
     rows = []
     for (label, key, step), part in means.groupby(["label", by, "step"], sort=False):
         x = [math.log2(w) for w in part["width"]]
-        y = list(part["log2_rms"])
+        y = list(part["log2_value"])
         x_mean, y_mean = sum(x) / len(x), sum(y) / len(y)
         var = sum((a - x_mean) ** 2 for a in x)
         slope = (
@@ -296,8 +425,10 @@ def plot_coord_check(
     *,
     title: str = "",
     panel_size: tuple[float, float] = (3.2, 1.9),
+    value: str = "rms",
 ) -> Figure:
-    """Plot a :func:`coord_check`: activation RMS against width, a line per step.
+    """Plot a :func:`coord_check`: activation RMS (or an update size) against
+    width, a line per step.
 
     One panel per value of ``by`` (layers of one value averaged, geometric mean).
     With several ``label`` values (e.g. u-μP and the standard parametrisation,
@@ -314,9 +445,17 @@ def plot_coord_check(
             first appearance.
         title: the figure title.
         panel_size: width and height of one panel in inches.
+        value: what to plot: ``"rms"`` (default), ``"weight_update"``
+            (``‖ΔW‖/‖W‖`` of each step) or ``"output_update"`` (the change of the
+            layer's output that its own step causes, ``‖Δy‖/‖y‖``); the update
+            columns come from ``coord_check(..., updates=True)``.
 
     Returns:
         The :class:`matplotlib.figure.Figure`.
+
+    Raises:
+        ValueError: ``df`` lacks a column, is empty, has no such panel, or does
+            not have ``value``.
 
     Example::
 
@@ -330,7 +469,7 @@ def plot_coord_check(
     require_plot_extra()
     import matplotlib.pyplot as plt
 
-    missing = {"label", "width", "step", "rms", by} - set(df.columns)
+    missing = {"label", "width", "step", by} - set(df.columns)
     if missing:
         raise ValueError(
             f"plot_coord_check: df lacks the columns {sorted(missing)}; pass the "
@@ -338,6 +477,7 @@ def plot_coord_check(
         )
     if df.empty:
         raise ValueError("plot_coord_check: df is empty")
+    _check_value(df, value, "plot_coord_check")
     available = list(dict.fromkeys(df[by]))
     panels = list(panels) if panels is not None else available
     unknown = [p for p in panels if p not in available]
@@ -346,7 +486,7 @@ def plot_coord_check(
             f"plot_coord_check: no {by!r} named {unknown}; available: {available}"
         )
     labels = list(dict.fromkeys(df["label"]))
-    means = _mean_over_layers(df[df[by].isin(panels)], by)
+    means = _mean_over_layers(df[df[by].isin(panels)], by, value)
     steps = sorted(means["step"].unique())
     colours = plt.get_cmap("viridis")
     widths = sorted(df["width"].unique())
@@ -370,7 +510,7 @@ def plot_coord_check(
             line = part[part["step"] == step].sort_values("width")
             ax.plot(
                 line["width"],
-                [2.0**v for v in line["log2_rms"]],
+                [2.0**v for v in line["log2_value"]],
                 marker="o",
                 ms=3,
                 lw=1.3,
@@ -385,14 +525,15 @@ def plot_coord_check(
         ax.tick_params(labelsize=8)
         if not compare:
             ax.set_title(str(panel), fontsize=9)
-            ax.set_ylabel("activation RMS", fontsize=8)
+            ax.set_ylabel(_VALUES[value], fontsize=8)
         if part.empty:
             ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center")
     if compare:
         for c, label in enumerate(labels):
             axes[0][c].set_title(str(label), fontsize=10, fontweight="bold")
         for r, panel in enumerate(panels):
-            axes[r][0].set_ylabel(f"{panel}\nRMS", fontsize=9)
+            short = "RMS" if value == "rms" else _VALUES[value]
+            axes[r][0].set_ylabel(f"{panel}\n{short}", fontsize=9)
     for ax in axes[-1]:
         ax.set_xlabel("width", fontsize=9)
     handles, names = next(
