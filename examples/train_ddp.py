@@ -12,6 +12,7 @@ global batch: the losses do not depend on the number of processes. ``--dtype
 fp16`` trains under fp16 autocast with no ``GradScaler``: unit-scaled gradients
 sit near 1, well inside fp16's range.
 
+The model and the learning rate start from :data:`unit_scaling.RECOMMENDED`.
 Uses NCCL and one GPU per process when CUDA is available, gloo on CPU otherwise.
 """
 
@@ -42,7 +43,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=16, help="global batch")
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=2**-3)
+    parser.add_argument(
+        "--lr", type=float, default=uu.RECOMMENDED.lr, help="uu.RECOMMENDED.lr"
+    )
     parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="autocast")
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 instead of DDP")
     parser.add_argument("--log-every", type=int, default=20)
@@ -77,7 +80,9 @@ def main() -> None:
     )
 
     torch.manual_seed(args.seed)  # the same initial weights on every process
-    model = uu.TransformerDecoder(args.width, VOCAB_SIZE, args.layers, args.heads)
+    model = uu.TransformerDecoder(
+        args.width, VOCAB_SIZE, args.layers, args.heads, **uu.RECOMMENDED.multipliers
+    )
     model.to(device)
     forward: nn.Module = model  # what the loss calls: the model or its DDP wrapper
     if args.fsdp:
@@ -95,7 +100,8 @@ def main() -> None:
         with torch.autocast(device.type, DTYPES[args.dtype], args.dtype != "fp32"):
             logits = forward(batch[:, :-1])
         targets = batch[:, 1:]
-        return U.cross_entropy(logits.float().flatten(end_dim=-2), targets.flatten())
+        flat = logits.float().flatten(end_dim=-2)
+        return U.cross_entropy(flat, targets.flatten(), mult=model.loss_mult)
 
     corpus = Corpus(max_bytes=args.max_bytes)
     batches = corpus.batches(

@@ -15,6 +15,12 @@ replace parameters by plain ``nn.Parameter`` (``module.to("meta")``, ``to_empty`
 ``load_state_dict(assign=True)``, FSDP2's ``fully_shard``) drop them; for those,
 capture the tags by name beforehand with :func:`mup_tags` and pass
 ``module.named_parameters()`` together with ``tags=``.
+
+Where to start: :data:`unit_scaling.RECOMMENDED` holds the recommended learning
+rate (``RECOMMENDED.lr`` for a :class:`~unit_scaling.TransformerDecoder` built
+with ``**RECOMMENDED.multipliers``; ``RECOMMENDED.unit_scale_lr`` for a model made
+u-μP by :func:`~unit_scaling.transforms.unit_scale`). The optimizers' own
+default ``lr`` stays torch's.
 """
 
 from __future__ import annotations
@@ -68,12 +74,13 @@ def mup_tags(module: nn.Module) -> dict[str, MupTags]:
 
     Example::
 
-        >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
+        >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4,
+        ...                               **uu.RECOMMENDED.multipliers)
         >>> tags = mup_tags(model)
         >>> tags["embedding.weight"]
         MupTags(mup_type='weight', mup_scaling_depth=None)
         >>> # ... fully_shard(model) or model.to_empty(...) replaces the parameters
-        >>> opt = AdamW(model.named_parameters(), lr=1e-2, tags=tags)
+        >>> opt = AdamW(model.named_parameters(), lr=uu.RECOMMENDED.lr, tags=tags)
     """
     return {
         name: MupTags(p.mup_type, p.mup_scaling_depth)
@@ -308,10 +315,12 @@ def scaled_parameters(
 
     Example::
 
-        >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
-        >>> groups = scaled_parameters(model.parameters(), lr_scale_func_adam, lr=1e-2)
-        >>> round(groups[0]["lr"], 5)  # the embedding: 1e-2 / sqrt(64)
-        0.00125
+        >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4,
+        ...                               **uu.RECOMMENDED.multipliers)
+        >>> lr = uu.RECOMMENDED.lr
+        >>> groups = scaled_parameters(model.parameters(), lr_scale_func_adam, lr=lr)
+        >>> groups[0]["lr"] == lr / 64**0.5  # the embedding: lr / sqrt(fan_in)
+        True
         >>> opt = torch.optim.AdamW(groups)
     """
     if isinstance(params, Tensor):
@@ -399,8 +408,10 @@ class SGD(BatchedStep, torch.optim.SGD):
 
     Example::
 
-        >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
-        >>> opt = SGD(model.parameters(), lr=0.5, momentum=0.9)
+        >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4,
+        ...                               **uu.RECOMMENDED.multipliers)
+        >>> # not the recommended lr: RECOMMENDED's were found for Adam, not SGD
+        >>> opt = SGD(model.parameters(), lr=2**-2, momentum=0.9)
         >>> len(opt.param_groups)  # one group per parameter, with its u-μP lr
         12
     """
@@ -480,8 +491,9 @@ class Adam(_ScaledAdam, BatchedAdam, torch.optim.Adam):
 
     Example::
 
-        >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
-        >>> opt = Adam(model.parameters(), lr=1e-2)
+        >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4,
+        ...                               **uu.RECOMMENDED.multipliers)
+        >>> opt = Adam(model.parameters(), lr=uu.RECOMMENDED.lr)
         >>> len(opt.param_groups)  # one group per parameter, with its u-μP lr
         12
     """
@@ -499,8 +511,9 @@ class AdamW(_ScaledAdam, BatchedAdam, torch.optim.AdamW):
 
     Example::
 
-        >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4)
-        >>> opt = AdamW(model.parameters(), lr=1e-2, weight_decay=1e-4)
+        >>> model = uu.TransformerDecoder(64, 256, layers=2, heads=4,
+        ...                               **uu.RECOMMENDED.multipliers)
+        >>> opt = AdamW(model.parameters(), lr=uu.RECOMMENDED.lr, weight_decay=1e-4)
         >>> len(opt.param_groups)  # one group per parameter, with its u-μP lr
         12
     """

@@ -39,6 +39,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["RECOMMENDED", "Recommended"]
 
@@ -81,9 +82,11 @@ class Recommended:
                 raise ValueError(f"{name} must be positive and finite, got {value!r}")
 
     @property
-    def multipliers(self) -> dict[str, float]:
+    def multipliers(self) -> dict[str, Any]:
         """The keyword arguments of :class:`~unit_scaling.TransformerDecoder`
-        these values set (those not at their default of 1)."""
+        these values set (those not at their default of 1): floats, typed
+        ``Any`` so that ``**RECOMMENDED.multipliers`` type-checks beside the
+        decoder's other keyword arguments."""
         return {"residual_mult": self.residual_mult, "loss_mult": self.loss_mult}
 
 

@@ -3,9 +3,10 @@
 ``python -m unit_scaling demo`` (or ``make demo``) trains the same small decoder
 four ways on the built-in corpus — same data, seeds and step count — and writes
 a loss-curve plot, a scale plot of the u-μP model and a short report to
-``out/demo/``. FP8 means :func:`unit_scaling.transforms.simulate_fp8`: every
-matrix product takes E4M3 inputs and produces E5M2 gradients, with no loss
-scaling.
+``out/demo/``. The u-μP runs start where a user should:
+:data:`unit_scaling.RECOMMENDED`'s learning rate and multipliers. FP8 means
+:func:`unit_scaling.transforms.simulate_fp8`: every matrix product takes E4M3
+inputs and produces E5M2 gradients, with no loss scaling.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch import nn
 from .. import optim
 from ..data import VOCAB_SIZE, Corpus
 from ..modules import TransformerDecoder
+from ..recommended import RECOMMENDED
 from ..transforms import simulate_fp8
 from .baseline import StandardTransformerDecoder
 from .config import add_options, config_from_options, setting
@@ -44,7 +46,9 @@ class DemoConfig:
     heads: int = setting(4, "attention heads")
     batch_size: int = setting(16, "sequences per step")
     seq_len: int = setting(64, "bytes per sequence")
-    lr_umup: float = setting(2**-3, "u-μP AdamW base learning rate")
+    lr_umup: float = setting(
+        RECOMMENDED.lr, "u-μP AdamW base learning rate (uu.RECOMMENDED.lr)"
+    )
     lr_sp: float = setting(2**-8, "standard AdamW learning rate")
     seed: int = setting(0, "seed of the weights and the data order")
     eval_every: int = setting(25, "steps between validations")
@@ -81,7 +85,11 @@ def _build(
     model: nn.Module
     if parametrisation == "u-μP":
         model = TransformerDecoder(
-            config.width, VOCAB_SIZE, config.layers, config.heads
+            config.width,
+            VOCAB_SIZE,
+            config.layers,
+            config.heads,
+            **RECOMMENDED.multipliers,
         )
     else:
         model = StandardTransformerDecoder(
@@ -139,10 +147,12 @@ def run(config: DemoConfig, progress: bool = True) -> dict[str, History]:
 
 
 def _header(config: DemoConfig) -> str:
+    multipliers = ", ".join(f"{k} {v:g}" for k, v in RECOMMENDED.multipliers.items())
     return (
         f"Decoder: width {config.width}, {config.layers} layers, {config.heads} "
         f"heads; {config.steps} steps of {config.batch_size}x{config.seq_len} "
-        f"byte tokens; AdamW lr {config.lr_sp:g} (SP), {config.lr_umup:g} (u-μP)"
+        f"byte tokens; AdamW lr {config.lr_sp:g} (SP), {config.lr_umup:g} (u-μP, "
+        f"with {multipliers})"
     )
 
 
