@@ -45,18 +45,8 @@ PAGES = [
     "src/unit_scaling/optim.py",
     "src/unit_scaling/__init__.py",
     "src/unit_scaling/recommended.py",
-    pytest.param(
-        "docs/results/coord_check.md",
-        marks=pytest.mark.xfail(
-            strict=True, reason="converted by the coord-check work"
-        ),
-    ),
-    pytest.param(
-        "experiments/coord_check.py",
-        marks=pytest.mark.xfail(
-            strict=True, reason="converted by the coord-check work"
-        ),
-    ),
+    "docs/results/coord_check.md",
+    "experiments/coord_check.py",
 ]
 OPTIMIZERS = {"Adam", "AdamW", "SGD"}
 _EXEMPT = re.compile(r"#\s*not the recommended (lr|multipliers|values): *\S{2,}")
