@@ -415,8 +415,11 @@ def plot(runs: Runs, path: Path) -> None:
                 label=label,
             )
         ax.set_xscale("log", base=2)
+        ax.set_xlim(WIDTHS[0] / 1.3, WIDTHS[-1] * 1.3)
         ax.set_xticks(list(WIDTHS), [str(w) for w in WIDTHS])
         ax.minorticks_off()
+        if not any(line.get_xdata().size for line in ax.lines):
+            ax.text(0.5, 0.5, "not run yet", transform=ax.transAxes, ha="center")
         ax.grid(alpha=0.3)
         ax.set_title(
             f"{name}: {shape.layers} layers, {shape.batch_size}×{shape.seq_len} "
@@ -431,9 +434,50 @@ def plot(runs: Runs, path: Path) -> None:
     plt.close(fig)
 
 
+def remaining(runs: Runs) -> tuple[int, float]:
+    """Runs still to train for the whole page, and an estimate of their
+    core-minutes (from the finished runs' seconds per unit of ``Task.cost``).
+    SP's seeds at a width whose sweep is unfinished are counted; a sweep's
+    further widening cannot be known in advance and is not."""
+    tasks = needed(runs, CONFIGS, WIDTHS)
+    extra = [
+        Task(c, "SP", w, SP_GUESS[w], s)
+        for c in CONFIGS
+        for w in WIDTHS
+        if sp_best(runs, c, w) is None
+        for s in SEEDS[1:]
+    ]
+    finished = [
+        (runs[t.key]["seconds"], t.cost)
+        for c in CONFIGS
+        for t in _all_tasks(runs, c)
+        if t.key in runs
+    ]
+    per_cost = sum(s for s, _ in finished) / max(1.0, sum(c for _, c in finished))
+    todo = tasks + extra
+    return len(todo), sum(t.cost for t in todo) * per_cost / 60
+
+
+def _all_tasks(runs: Runs, config: str) -> list[Task]:
+    """Every task of ``config`` the stored runs make known, finished or not."""
+    lr = math.log2(uu.RECOMMENDED.lr)
+    tasks = []
+    for width in WIDTHS:
+        tasks += [Task(config, "u-μP", width, lr, s) for s in SEEDS]
+        tasks += [Task(config, "u-μP", width, lr + d, 0) for d in (-1, 1)]
+        tasks += [
+            Task(config, "SP", width, x, 0) for x in sp_sweep(runs, config, width)
+        ]
+        best = sp_best(runs, config, width)
+        if best is not None:
+            tasks += [Task(config, "SP", width, best, s) for s in SEEDS[1:]]
+    return tasks
+
+
 def report(runs: Runs, out: Path, seconds: float | None) -> None:
     plot(runs, out / "umup_defaults.png")
     core_minutes = sum(r["seconds"] for r in runs.values()) / 60
+    missing, missing_minutes = remaining(runs)
     sections = []
     for name, shape in CONFIGS.items():
         gain, versus = verdicts(runs, name)
@@ -465,9 +509,24 @@ choose them.
 
 ![u-μP at the recommended values against SP tuned per width](umup_defaults.png)
 
-Validation loss: mean ± standard deviation (min–max) over the seeds. Stored runs:
-{len(runs)}, {core_minutes:.0f} core-minutes of training (one CPU thread a
-run).{timing}
+Validation loss: mean ± standard deviation (min–max) over the seeds.
+
+**Compute.** Stored runs: {len(runs)}, {core_minutes:.0f} core-minutes of
+training (one CPU thread a run; many ran beside other work on a 2-core machine,
+so these are upper bounds).{timing} Still to run for the whole page: {missing}
+runs, about {missing_minutes / 60:.1f} core-hours at the same rate (more if an
+SP sweep has to widen). The page is written from the stored runs
+(`umup_defaults_runs.json`); `python experiments/umup_defaults.py` trains the
+missing ones and rewrites it.
+
+## Why u-μP at every multiplier 1 did not gain from width
+
+See [the update coordinate check](coord_check.md#updates) and [why u-μP did not
+gain from width](umup_width.md). In short: under u-μP every hidden layer's step
+moves its output by the same amount at every width, as μP asks, but the
+embedding's step shrinks like width^-½, because u-μP's Adam rule gives the
+table lr/√fan_in and an embedding table's fan_in is the width. A `unit_scale`d
+GPT-2 ties its readout to that table, so its readout's lr shrinks the same way.
 
 {chr(10).join(sections)}"""
     (out / "umup_defaults.md").write_text(reflow(text))

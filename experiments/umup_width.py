@@ -1,0 +1,233 @@
+"""Why u-μP did not gain from width: the embedding's learning rate, and tying.
+
+The update coordinate check (``coord_check.py``) shows every hidden layer's
+update moving its output by the same amount at every width, and one exception:
+the embedding's, which shrinks like ``width^-½``, because u-μP's Adam rule gives
+every ``"weight"`` parameter the learning rate ``lr / √fan_in`` and the
+embedding table's ``fan_in`` is its width. In a ``unit_scale``d GPT-2 the
+readout is that same table (GPT-2 ties them), so there the readout's learning
+rate shrinks like ``width^-½`` too. This script tests both explanations by
+training the models of ``lr_transfer.py`` and ``hf_transfer.py`` (2 layers,
+200 steps of 16×64 byte tokens, seed 0) at widths 64 to 512 with the cause
+removed, beside the model as it is:
+
+- ``native``: ``uu.TransformerDecoder`` at lr 2⁰, every multiplier at 1, and
+  with ``unit_scaling.RECOMMENDED``'s multipliers;
+- ``native, loss_mult only`` and ``native, residual_mult only``: one of the
+  recommended multipliers at a time, to see which of them brings the gain;
+- ``native, width-free embedding lr``: the same, with the embedding's learning
+  rate multiplied by ``√(width / 64)``: equal at width 64, constant in width
+  above it (μP's rule for an input weight under Adam);
+- ``gpt2``: ``unit_scale(GPT-2)`` at lr 2⁻¹ (``hf_transfer.py``'s optimum), as
+  Hugging Face builds it (tied), and untied (``tie_word_embeddings=False``, so
+  the readout gets u-μP's ``"output"`` rule); and untied with each ``Conv1D``
+  weight's learning rate taken from its true fan-in. GPT-2's ``Conv1D`` stores
+  its weight as ``(in, out)``, but :func:`unit_scaling.optim.fan_in` reads
+  ``shape[1]`` of a 2-D weight, so ``c_attn``'s lr is √3 too small, ``c_fc``'s
+  2× too small and the MLP's ``c_proj``'s 2× too large (a constant factor at
+  every width, so not a cause of the width trend; measured here for its size).
+
+Each finished run is added to ``--cache`` (JSON) as it finishes; run again, it
+trains only what is missing. Writes ``umup_width.md`` and ``umup_width.png``::
+
+    python experiments/umup_width.py --jobs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from _common import DOCS, LanguageModel, markdown_table, reflow, train, validation_set
+from hf_transfer import Config as HfConfig
+from hf_transfer import make_model as hf_make_model
+
+import unit_scaling as uu
+from unit_scaling.data import Corpus
+from unit_scaling.transforms import unit_scale
+
+WIDTHS = (64, 128, 256, 512)
+BASE_WIDTH = 64
+CACHE = DOCS / "umup_width_runs.json"
+STEPS, BATCH, SEQ, WARMUP, VAL_BATCHES, SEED = 200, 16, 64, 20, 8, 0
+
+VARIANTS = {  # name -> what it is, for the page
+    "native": "uu.TransformerDecoder, lr 2^0, multipliers at 1",
+    "native, width-free embedding lr": "the same, embedding lr × √(width/64)",
+    "native, loss_mult only": "lr 2^0, RECOMMENDED's loss_mult, residual_mult 1",
+    "native, residual_mult only": "lr 2^0, RECOMMENDED's residual_mult, loss_mult 1",
+    "native, recommended": "uu.TransformerDecoder, lr 2^0, RECOMMENDED's multipliers",
+    "native, recommended, width-free embedding lr": (
+        "the same, embedding lr × √(width/64)"
+    ),
+    "gpt2, tied": "unit_scale(GPT-2), lr 2^-1, wte tied to the readout",
+    "gpt2, untied": "unit_scale(GPT-2), lr 2^-1, tie_word_embeddings=False",
+    "gpt2, untied, Conv1D fan-in": (
+        "the same, Conv1D weights' lr from their true fan-in (shape[0])"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Task:
+    variant: str
+    width: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.variant}/{self.width}"
+
+
+def _native(task: Task) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    multipliers = uu.RECOMMENDED.multipliers if "recommended" in task.variant else {}
+    for name in ("loss_mult", "residual_mult"):
+        if f"{name} only" in task.variant:
+            multipliers = {name: uu.RECOMMENDED.multipliers[name]}
+    torch.manual_seed(SEED)
+    model = uu.TransformerDecoder(
+        task.width, 256, layers=2, heads=task.width // 32, **multipliers
+    )
+    optimizer = uu.optim.AdamW(model.parameters(), lr=1.0)
+    if "width-free" in task.variant:
+        embedding = model.embedding.weight
+        for group in optimizer.param_groups:
+            if any(p is embedding for p in group["params"]):
+                group["lr"] *= math.sqrt(task.width / BASE_WIDTH)
+    return model, optimizer
+
+
+def _gpt2(task: Task) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = hf_make_model("gpt2", task.width, HfConfig())
+    if "untied" in task.variant:
+        config = model.config
+        config.tie_word_embeddings = False
+        torch.manual_seed(SEED)
+        model = type(model)(config)
+        assert model.lm_head.weight is not model.transformer.wte.weight
+    scaled = unit_scale(model, residual_scaling="u-μP")
+    optimizer = uu.optim.AdamW(scaled.parameters(), lr=2.0**-1)
+    if "fan-in" in task.variant:
+        conv1d = type(model.transformer.h[0].attn.c_attn)
+        weights = {
+            id(m.weight): m.weight.shape
+            for m in scaled.modules()
+            if isinstance(m, conv1d)
+        }
+        for group in optimizer.param_groups:
+            shape = weights.get(id(group["params"][0]))
+            if shape is not None:  # lr ∝ 1/sqrt(fan_in): shape[1] -> shape[0]
+                group["lr"] *= math.sqrt(shape[1] / shape[0])
+    return LanguageModel(scaled), optimizer
+
+
+def train_one(task: Task) -> dict[str, float]:
+    torch.set_num_threads(1)
+    make = _gpt2 if task.variant.startswith("gpt2") else _native
+    model, optimizer = make(task)
+    corpus = Corpus()
+    curve = train(
+        model,
+        optimizer,
+        corpus.batches("train", BATCH, SEQ, seed=SEED),
+        STEPS,
+        validation_set(corpus, VAL_BATCHES, BATCH, SEQ),
+        warmup=WARMUP,
+    )
+    return {"loss": curve.final_val, "seconds": curve.seconds}
+
+
+def load(path: Path) -> dict[str, dict[str, float]]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def run(cache: Path, jobs: int) -> float:
+    start = time.perf_counter()
+    done = load(cache)
+    tasks = [
+        Task(v, w) for w in reversed(WIDTHS) for v in VARIANTS if f"{v}/{w}" not in done
+    ]
+    if not tasks:
+        return 0.0
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(min(jobs, len(tasks))) as pool:
+        for task, result in zip(tasks, pool.imap(train_one, tasks), strict=True):
+            done = load(cache)
+            done[task.key] = result
+            tmp = cache.with_suffix(".tmp")
+            tmp.write_text(json.dumps(done, indent=1, sort_keys=True) + "\n")
+            os.replace(tmp, cache)
+            print(f"{task.key}: {result['loss']:.3f}", flush=True)
+    return time.perf_counter() - start
+
+
+def report(done: dict[str, dict[str, float]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    rows = []
+    for variant in VARIANTS:
+        losses = [done.get(f"{variant}/{w}", {}).get("loss") for w in WIDTHS]
+        rows.append(
+            (
+                f"{variant}: {VARIANTS[variant]}",
+                *("—" if v is None else f"{v:.3f}" for v in losses),
+            )
+        )
+        ax = axes[1] if variant.startswith("gpt2") else axes[0]
+        xs = [w for w, v in zip(WIDTHS, losses, strict=True) if v is not None]
+        ys = [v for v in losses if v is not None]
+        style = "--" if "width-free" in variant or "untied" in variant else "-"
+        ax.plot(xs, ys, "o" + style, label=variant)
+    for ax, title in zip(
+        axes,
+        ("uu.TransformerDecoder, lr 2^0", "unit_scale(GPT-2), lr 2^-1"),
+        strict=True,
+    ):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(WIDTHS), [str(w) for w in WIDTHS])
+        ax.minorticks_off()
+        ax.grid(alpha=0.3)
+        ax.set_xlabel("width")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("validation loss after 200 steps (seed 0)")
+    fig.tight_layout()
+    fig.savefig(out / "umup_width.png", dpi=120)
+    plt.close(fig)
+    minutes = sum(r["seconds"] for r in done.values()) / 60
+    table = markdown_table(("variant", *(f"width {w}" for w in WIDTHS)), rows)
+    text = f"""# Why u-μP did not gain from width
+
+Written by `python experiments/umup_width.py` (see its docstring): {len(done)}
+runs, {minutes:.0f} core-minutes. Validation loss after 200 steps of 16×64 byte
+tokens, 2 layers, seed 0.
+
+![loss against width](umup_width.png)
+
+{table}
+"""
+    (out / "umup_width.md").write_text(reflow(text))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--cache", type=Path, default=CACHE)
+    parser.add_argument("--out", type=Path, default=DOCS)
+    args = parser.parse_args()
+    run(args.cache, args.jobs)
+    report(load(args.cache), args.out)
+
+
+if __name__ == "__main__":
+    main()
