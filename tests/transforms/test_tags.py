@@ -119,14 +119,28 @@ def test_a_sequential_of_blocks_at_the_root_gives_their_depth() -> None:
     assert _tags(scaled)["2.0.weight"] == ("weight", 4)
 
 
-def test_tied_readout_keeps_the_embedding_type() -> None:
-    model = Stack()
-    model.head.weight = model.embed.weight
-    scaled = unit_scale(model)
-    assert scaled.head.weight is scaled.embed.weight
-    assert scaled.embed.weight.mup_type == "weight"
-    record = scaled.unit_scale_report().tags["head.weight"]
-    assert record.detail == "readout tied to an embedding table"
+def test_a_tied_readout_and_its_table_learn_by_the_output_rule() -> None:
+    """A table tied to the readout (GPT-2) gets the output rule's lr, not the
+    weight rule's lr/sqrt(width): with the latter the readout's updates shrink
+    as the model widens (docs/results/umup_width.md)."""
+    for width in (16, 64):
+        model = Stack(width)
+        model.head.weight = model.embed.weight
+        scaled = unit_scale(model)
+        assert scaled.head.weight is scaled.embed.weight
+        assert scaled.embed.weight.mup_type == "output"
+        assert scaled.embed.weight.mup_scaling_depth is None
+        report = scaled.unit_scale_report().tags
+        assert report["head.weight"].detail.startswith("readout tied to an embedding")
+        assert report["embed.weight"].mup_type == "output"
+        opt = uu.optim.AdamW(scaled.parameters(), lr=0.5)
+        lr = next(
+            g["lr"] for g in opt.param_groups if g["params"][0] is scaled.head.weight
+        )
+        assert lr == 0.5  # the same at every width
+    untied = unit_scale(Stack(64))
+    assert untied.embed.weight.mup_type == "weight"
+    assert untied.head.weight.mup_type == "output"
 
 
 def test_tags_of_a_native_model_are_kept() -> None:

@@ -10,8 +10,13 @@ native ``uu`` model:
   convolution, embedding or attention layer is a ``"weight"``, its bias a
   ``"bias"``; a normalisation's weight a ``"norm"``, its bias a ``"bias"``.
 * **the readout**: the weight of the last linear layer registered after the
-  model's repeated blocks (``lm_head``, a classifier) is ``"output"``, unless it
-  is tied to an embedding table, which keeps ``"weight"`` (reported).
+  model's repeated blocks (``lm_head``, a classifier) is ``"output"``, also when
+  it is tied to an embedding table (GPT-2), reported. The table then learns at
+  the output rule's ``lr`` instead of the weight rule's ``lr/√width`` in both of
+  its uses: μP's rule for a readout and for an input weight under Adam alike
+  (u-μP's ``lr/√width`` for an embedding is its own choice). With the weight rule
+  a tied readout's updates shrank like ``width^-½``, and a ``unit_scale``d GPT-2
+  got no better with width (docs/results/umup_width.md).
 * **from the graph** (at the first call), for a parameter no layer owns: used as
   the weight of a product or as a table, ``"weight"``; as a bias, ``"bias"``;
   multiplying activations (a layer scale) or normalising, ``"norm"``.
@@ -58,7 +63,7 @@ _NORM_LAYERS = (
     BatchNormBase,
     InstanceNormBase,
 )
-_TIED = "readout tied to an embedding table"
+_TIED = "readout tied to an embedding table: both learn by the output rule"
 # A parameter's role in the graph (see transforms._params) -> its u-μP type.
 _ROLE_TYPES: dict[str, MupType] = {
     "weight": "weight",
@@ -153,10 +158,15 @@ def tag_structure(module: nn.Module) -> dict[int, TagRecord]:
     for path, sub in module.named_modules():
         for attr, param in sub.named_parameters(prefix="", recurse=False):
             name = f"{path}.{attr}" if path else attr
-            if id(param) in records:  # tied: the first owner decides the type
-                if path == readout and attr == "weight":
+            if id(param) in records:  # tied: the first owner decides the type,
+                if path == readout and attr == "weight":  # unless it is a readout
+                    retag(param, "output", None)
                     records[id(param)] = dataclasses.replace(
-                        records[id(param)], detail=_TIED
+                        records[id(param)],
+                        mup_type="output",
+                        mup_scaling_depth=None,
+                        source="readout",
+                        detail=_TIED,
                     )
                 continue
             records[id(param)] = _tag_one(
@@ -181,10 +191,9 @@ def _tag_one(
     source: Source = "layer"
     detail = ""
     if is_readout and attr == "weight":
+        mup_type, source, depth = "output", "readout", None
         if id(param) in embeddings:
-            mup_type, detail = "weight", _TIED
-        else:
-            mup_type, source, depth = "output", "readout", None
+            detail = _TIED
     elif isinstance(owner, _WEIGHTED_LAYERS):
         mup_type = "bias" if "bias" in attr else "weight"
     elif isinstance(owner, _NORM_LAYERS):
