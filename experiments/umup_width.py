@@ -20,7 +20,8 @@ removed, beside the model as it is:
   above it (μP's rule for an input weight under Adam);
 - ``gpt2``: ``unit_scale(GPT-2)`` at lr 2⁻¹ (``hf_transfer.py``'s optimum), as
   Hugging Face builds it (tied), and untied (``tie_word_embeddings=False``, so
-  the readout gets u-μP's ``"output"`` rule); and untied with each ``Conv1D``
+  the readout gets u-μP's ``"output"`` rule); tied, with the shared table's
+  learning rate by the ``"output"`` rule; and untied with each ``Conv1D``
   weight's learning rate taken from its true fan-in. GPT-2's ``Conv1D`` stores
   its weight as ``(in, out)``, but :func:`unit_scaling.optim.fan_in` reads
   ``shape[1]`` of a 2-D weight, so ``c_attn``'s lr is √3 too small, ``c_fc``'s
@@ -36,6 +37,7 @@ trains only what is missing. Writes ``umup_width.md`` and ``umup_width.png``::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import multiprocessing
@@ -67,7 +69,13 @@ VARIANTS = {  # name -> what it is, for the page
     "native, recommended, width-free embedding lr": (
         "the same, embedding lr × √(width/64)"
     ),
-    "gpt2, tied": "unit_scale(GPT-2), lr 2^-1, wte tied to the readout",
+    "gpt2, tied": (
+        "unit_scale(GPT-2), lr 2^-1, wte tied to the readout, the table at the "
+        "weight rule's lr/√width (unit_scale's tag before 2026-11-26)"
+    ),
+    "gpt2, tied, output rule": (
+        "tied, the shared table at the output rule's lr (unit_scale's tag since)"
+    ),
     "gpt2, untied": "unit_scale(GPT-2), lr 2^-1, tie_word_embeddings=False",
     "gpt2, untied, Conv1D fan-in": (
         "the same, Conv1D weights' lr from their true fan-in (shape[0])"
@@ -109,10 +117,23 @@ def _gpt2(task: Task) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         config = model.config
         config.tie_word_embeddings = False
         torch.manual_seed(SEED)
+        loss_type = model.loss_type  # (set by the zoo's builder: forward logs without)
         model = type(model)(config)
+        model.loss_type = loss_type
         assert model.lm_head.weight is not model.transformer.wte.weight
     scaled = unit_scale(model, residual_scaling="u-μP")
     optimizer = uu.optim.AdamW(scaled.parameters(), lr=2.0**-1)
+    if "tied" in task.variant and "untied" not in task.variant:
+        # The shared table's lr, set here whatever unit_scale tags it: by the
+        # weight rule, lr/sqrt(width) (unit_scale's tag before 2026-11-26), or
+        # by the output rule, lr (its tag since).
+        table = dict(scaled.named_parameters())["transformer.wte.weight"]
+        lr = 2.0**-1
+        if "output rule" not in task.variant:
+            lr /= math.sqrt(table.shape[1])
+        for group in optimizer.param_groups:
+            if group["params"][0] is table:
+                group["lr"] = lr
     if "fan-in" in task.variant:
         conv1d = type(model.transformer.h[0].attn.c_attn)
         weights = {
@@ -167,6 +188,73 @@ def run(cache: Path, jobs: int) -> float:
     return time.perf_counter() - start
 
 
+def _row(done: dict[str, dict[str, float]], variant: str) -> list[float] | None:
+    """The variant's losses at every width, or None while one is missing."""
+    losses = [done.get(f"{variant}/{w}", {}).get("loss") for w in WIDTHS]
+    return None if any(v is None for v in losses) else losses  # type: ignore[return-value]
+
+
+def _trend(losses: list[float]) -> str:
+    return " / ".join(f"{v:.3f}" for v in losses) + (
+        f" (width {WIDTHS[-1]} − width {WIDTHS[0]}: {losses[-1] - losses[0]:+.3f})"
+    )
+
+
+def findings(done: dict[str, dict[str, float]]) -> str:
+    """What the runs show, as a list (each item only once its runs are in)."""
+    row = functools.partial(_row, done)
+    items = []
+    native, free = row("native"), row("native, width-free embedding lr")
+    if native and free:
+        items.append(
+            f"**The embedding's lr rule costs the defaults part of their gain.** At "
+            f"every multiplier 1: {_trend(native)}; with the embedding's lr constant "
+            f"in width: {_trend(free)}."
+        )
+    rec, rec_free = (
+        row("native, recommended"),
+        row("native, recommended, width-free embedding lr"),
+    )
+    if rec and rec_free:
+        items.append(
+            f"**At the recommended multipliers it does not matter**: "
+            f"{_trend(rec)}, and with the width-free embedding lr {_trend(rec_free)}. "
+            "So the library's rule (the seed library's too) stays as it is."
+        )
+    loss_only, residual_only = (
+        row("native, loss_mult only"),
+        row("native, residual_mult only"),
+    )
+    if loss_only and residual_only:
+        items.append(
+            f"**Which multiplier brings the gain**: `loss_mult` alone "
+            f"{_trend(loss_only)}; `residual_mult` alone {_trend(residual_only)}."
+        )
+    tied, untied = row("gpt2, tied"), row("gpt2, untied")
+    if tied and untied:
+        items.append(
+            f"**GPT-2's tied readout is why it did not gain.** Tied (the table "
+            f"tagged `weight`, lr/√width): {_trend(tied)}; untied (its own "
+            f"readout, tagged `output`): {_trend(untied)}."
+        )
+    output_rule = row("gpt2, tied, output rule")
+    if output_rule:
+        items.append(
+            f"**Tied, with the shared table at the output rule's lr**: "
+            f"{_trend(output_rule)}. `unit_scale` now tags a readout tied to an "
+            "embedding table `output` (it used to keep `weight`)."
+        )
+    fan_in = row("gpt2, untied, Conv1D fan-in")
+    if untied and fan_in:
+        items.append(
+            f"**GPT-2's Conv1D weights' fan-in** (their lr from `shape[0]`, the "
+            f"true fan-in, instead of `shape[1]`): {_trend(fan_in)} against "
+            f"{_trend(untied)}; a constant factor at every width, so not the width "
+            "trend's cause."
+        )
+    return "\n".join(f"- {item}" for item in items)
+
+
 def report(done: dict[str, dict[str, float]], out: Path) -> None:
     import matplotlib
 
@@ -215,6 +303,10 @@ tokens, 2 layers, seed 0.
 ![loss against width](umup_width.png)
 
 {table}
+
+## What it shows
+
+{findings(done)}
 """
     (out / "umup_width.md").write_text(reflow(text))
 
