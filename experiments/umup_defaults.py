@@ -521,12 +521,23 @@ missing ones and rewrites it.
 
 ## Why u-μP at every multiplier 1 did not gain from width
 
-See [the update coordinate check](coord_check.md#updates) and [why u-μP did not
-gain from width](umup_width.md). In short: under u-μP every hidden layer's step
-moves its output by the same amount at every width, as μP asks, but the
-embedding's step shrinks like width^-½, because u-μP's Adam rule gives the
-table lr/√fan_in and an embedding table's fan_in is the width. A `unit_scale`d
-GPT-2 ties its readout to that table, so its readout's lr shrinks the same way.
+From [the update coordinate check](coord_check.md#updates) and [why u-μP did not
+gain from width](umup_width.md) (one seed each):
+
+- Under u-μP every hidden layer's step moves its output by the same amount at
+  every width, as μP asks; the embedding's step shrinks like width^-½ (u-μP's
+  Adam rule gives the table lr/√fan_in, and an embedding's fan_in is the width).
+  Making it constant in width recovers part of the gain at multipliers 1 (width
+  512 − width 64: −0.002 becomes −0.047), none at the recommended values.
+- `loss_mult` is what brings the gain: alone it makes width 512 0.117 better than
+  width 64, `residual_mult` alone 0.018. The models trained at `loss_mult` 1 are
+  not merely under-confident (rescaling their logits afterwards does not help):
+  the multiplier acts on training. Why the readout's scale decides whether width
+  pays off at this budget is not established.
+- A `unit_scale`d GPT-2 ties its readout to the embedding table, which took the
+  weight rule's lr/√width in both uses. Untied, it gains from width (−0.185 from
+  64 to 512 at lr 2^-1); tied, with the table now tagged `output`, it is 0.16–0.22
+  better at every width but still flat. Untie it for u-μP.
 
 {chr(10).join(sections)}"""
     (out / "umup_defaults.md").write_text(reflow(text))
