@@ -530,10 +530,13 @@ gain from width](umup_width.md) (one seed each):
   Making it constant in width recovers part of the gain at multipliers 1 (width
   512 − width 64: −0.002 becomes −0.047), none at the recommended values.
 - `loss_mult` is what brings the gain: alone it makes width 512 0.117 better than
-  width 64, `residual_mult` alone 0.018. The models trained at `loss_mult` 1 are
-  not merely under-confident (rescaling their logits afterwards does not help):
-  the multiplier acts on training. Why the readout's scale decides whether width
-  pays off at this budget is not established.
+  width 64, `residual_mult` alone 0.018, attention's temperature (`mhsa_mult`
+  2^-2) none. `readout_mult` 2^2 gives the same losses as `loss_mult` 2^2 to the
+  third decimal, so what matters is the scale of the logits, μP's output
+  multiplier on top of u-μP's 1/fan_in readout. The models trained with it at 1
+  are not merely under-confident (rescaling their logits afterwards does not
+  help): it acts on training. Why the readout's scale decides whether width pays
+  off at this budget is not established.
 - A `unit_scale`d GPT-2 ties its readout to the embedding table, which took the
   weight rule's lr/√width in both uses. Untied, it gains from width (−0.185 from
   64 to 512 at lr 2^-1); tied, with the table now tagged `output`, it is 0.16–0.22

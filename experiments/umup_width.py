@@ -15,6 +15,9 @@ removed, beside the model as it is:
   with ``unit_scaling.RECOMMENDED``'s multipliers;
 - ``native, loss_mult only`` and ``native, residual_mult only``: one of the
   recommended multipliers at a time, to see which of them brings the gain;
+- ``native, readout_mult 2^2`` and ``native, mhsa_mult 2^-2``: the readout's
+  forward multiplier (which, unlike ``loss_mult``, the next layer's gradient
+  sees in the forward pass too) and attention's temperature, one at a time;
 - ``native, temperature probe``: ``native`` trained again, then evaluated with
   its logits multiplied by 2⁻¹…2² (is it merely under-confident?);
 - ``native, width-free embedding lr``: the same, with the embedding's learning
@@ -73,6 +76,10 @@ VARIANTS = {  # name -> what it is, for the page
     ),
     "native, loss_mult only": "lr 2^0, RECOMMENDED's loss_mult, residual_mult 1",
     "native, residual_mult only": "lr 2^0, RECOMMENDED's residual_mult, loss_mult 1",
+    "native, readout_mult 2^2": (
+        "lr 2^0, readout_mult 4 (the logits ×4 in the forward pass), others 1"
+    ),
+    "native, mhsa_mult 2^-2": "lr 2^0, mhsa_mult 1/4 (attention temperature), others 1",
     "native, recommended": "uu.TransformerDecoder, lr 2^0, RECOMMENDED's multipliers",
     "native, recommended, width-free embedding lr": (
         "the same, embedding lr × √(width/64)"
@@ -106,6 +113,10 @@ def _native(task: Task) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     for name in ("loss_mult", "residual_mult"):
         if f"{name} only" in task.variant:
             multipliers = {name: uu.RECOMMENDED.multipliers[name]}
+    if "readout_mult 2^2" in task.variant:
+        multipliers = {"readout_mult": 4.0}
+    if "mhsa_mult 2^-2" in task.variant:
+        multipliers = {"mhsa_mult": 0.25}
     torch.manual_seed(SEED)
     model = uu.TransformerDecoder(
         task.width, 256, layers=2, heads=task.width // 32, **multipliers
@@ -270,6 +281,17 @@ def findings(done: dict[str, dict[str, float]]) -> str:
         items.append(
             f"**Which multiplier brings the gain**: `loss_mult` alone "
             f"{_trend(loss_only)}; `residual_mult` alone {_trend(residual_only)}."
+        )
+    readout, attention = row("native, readout_mult 2^2"), row("native, mhsa_mult 2^-2")
+    if readout:
+        items.append(
+            f"**`readout_mult` 2² in place of `loss_mult` 2²** (the same logits "
+            f"in the loss, also scaled in the forward pass): {_trend(readout)}."
+        )
+    if attention:
+        items.append(
+            f"**Attention's temperature** (`mhsa_mult` 2⁻², others 1): "
+            f"{_trend(attention)}."
         )
     tied, untied = row("gpt2, tied"), row("gpt2, untied")
     if tied and untied:
