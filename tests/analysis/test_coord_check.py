@@ -237,3 +237,12 @@ def test_plot_of_an_update_column(results: pd.DataFrame) -> None:
     grid = [ax for ax in fig.axes if ax.lines]
     assert all(len(ax.lines) == STEPS for ax in grid)  # no step after the last
     assert "Δy" in grid[0].get_ylabel()
+    # by default only the modules with parameters of their own get a panel; one
+    # asked for without any says so (and the figure still draws)
+    umup = results[results["label"] == "u-μP"]
+    fig = plot_coord_check(umup, value="output_update")
+    titles = {ax.get_title() for ax in fig.axes if ax.get_visible() and ax.lines}
+    assert "embedding" in titles and "layers.*" not in titles
+    fig = plot_coord_check(umup, panels=["layers.*"], value="output_update")
+    fig.canvas.draw()
+    assert any(t.get_text() == "no data" for ax in fig.axes for t in ax.texts)

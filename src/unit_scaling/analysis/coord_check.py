@@ -441,8 +441,9 @@ def plot_coord_check(
         df: the output of :func:`coord_check` (or several, concatenated).
         by: the column that defines a panel: ``"group"`` (default), ``"type"``,
             ``"module"`` or a column you added.
-        panels: the values of ``by`` to show, in order. Default: all, in order of
-            first appearance.
+        panels: the values of ``by`` to show, in order. Default: all that have
+            ``value`` (an update column has none for modules without parameters
+            of their own), in order of first appearance.
         title: the figure title.
         panel_size: width and height of one panel in inches.
         value: what to plot: ``"rms"`` (default), ``"weight_update"``
@@ -479,7 +480,11 @@ def plot_coord_check(
         raise ValueError("plot_coord_check: df is empty")
     _check_value(df, value, "plot_coord_check")
     available = list(dict.fromkeys(df[by]))
-    panels = list(panels) if panels is not None else available
+    # An update column has values only for modules with parameters of their own.
+    measured = (
+        available if value == "rms" else list(dict.fromkeys(df[df[value].notna()][by]))
+    )
+    panels = list(panels) if panels is not None else measured
     unknown = [p for p in panels if p not in available]
     if unknown:
         raise ValueError(
@@ -518,7 +523,8 @@ def plot_coord_check(
                 label=f"step {step}",
             )
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log", base=2)
+        if not part.empty:  # (an empty log axis cannot place its ticks)
+            ax.set_yscale("log", base=2)
         ax.set_xticks(widths, [str(w) for w in widths])
         ax.minorticks_off()
         ax.grid(color="#dddddd", lw=0.5)
