@@ -365,14 +365,24 @@ def table(runs: Runs, config: str) -> str:
 
 def lr_check(runs: Runs, config: str) -> str:
     lr = math.log2(uu.RECOMMENDED.lr)
-    cells = []
+    cells, found = [], {}
     for d in (-1, 0, 1):
         v = loss(runs, Task(config, "u-μP", WIDTHS[0], lr + d, 0))
         cells.append("not run" if v is None else f"{v:.3f}")
-    return markdown_table(
+        if v is not None:
+            found[lr + d] = v
+    table = markdown_table(
         (f"width {WIDTHS[0]}, seed 0", *(f"lr 2^{lr + d:g}" for d in (-1, 0, 1))),
         [("u-μP, recommended multipliers", *cells)],
     )
+    if len(found) == 3 and min(found, key=found.__getitem__) != lr:
+        best = min(found, key=found.__getitem__)
+        table += (
+            f"\n\nHere lr 2^{best:g} beats the recommended 2^{lr:g} by "
+            f"{found[lr] - found[best]:.3f} (one seed, one width; the grid stops "
+            "there, so the optimum may lie further)."
+        )
+    return table
 
 
 def plot(runs: Runs, path: Path) -> None:
