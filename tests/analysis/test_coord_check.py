@@ -246,3 +246,37 @@ def test_plot_of_an_update_column(results: pd.DataFrame) -> None:
     fig = plot_coord_check(umup, panels=["layers.*"], value="output_update")
     fig.canvas.draw()
     assert any(t.get_text() == "no data" for ax in fig.axes for t in ax.texts)
+
+
+def test_the_replay_leaves_a_batch_norms_running_statistics_alone() -> None:
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = nn.Embedding(256, 8)
+            self.norm = nn.BatchNorm1d(8)
+            self.readout = nn.Linear(8, 256)
+
+        def loss(self, batch: torch.Tensor) -> torch.Tensor:
+            x = self.norm(self.embedding(batch[:, :-1]).transpose(1, 2))
+            logits = self.readout(x.transpose(1, 2))
+            return nn.functional.cross_entropy(
+                logits.flatten(0, 1), batch[:, 1:].flatten()
+            )
+
+    def make(width: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model = Model()
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    kept: list[nn.Module] = []
+
+    def keep(width: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model, optimizer = make(width)
+        kept.append(model)
+        return model, optimizer
+
+    coord_check(keep, [8], steps=2, batch_size=2, seq_len=8, updates=True)
+    coord_check(keep, [8], steps=2, batch_size=2, seq_len=8)
+    with_updates, without = kept
+    assert with_updates.norm.num_batches_tracked.item() == 3  # one per forward
+    assert torch.equal(with_updates.norm.running_mean, without.norm.running_mean)
+    assert torch.equal(with_updates.norm.running_var, without.norm.running_var)

@@ -172,7 +172,12 @@ def _updates(
                 [(n - o).float().pow(2).sum() for n, o in zip(new, old, strict=True)]
             ).sum()
             size = torch.stack([o.float().pow(2).sum() for o in old]).sum()
+            # The replay is a measurement: buffers it updates (a batch norm's
+            # running statistics) get their values back.
+            buffers = [(b, b.clone()) for b in module.buffers(recurse=False)]
             replayed = _first_float_tensor(module(*call.args, **call.kwargs))
+            for buffer, value in buffers:
+                buffer.copy_(value)
             if replayed is None or replayed.shape != call.output.shape:
                 continue
             ratios.append((change / size).sqrt())
