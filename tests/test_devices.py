@@ -27,8 +27,8 @@ from torch.fx import Graph, GraphModule
 import unit_scaling
 from unit_scaling import _standins, zoo
 from unit_scaling.transforms import unit_scale
-from unit_scaling.transforms._graph import run_quietly
-from unit_scaling.transforms._unit_pass import UnitScalingPass
+from unit_scaling.transforms._capture.graph import run_quietly
+from unit_scaling.transforms._unit.graph_pass import UnitScalingPass
 
 PACKAGE = Path(unit_scaling.__file__).parent
 # Calls that make a tensor (or a generator) from nothing: where it lives is the

@@ -232,7 +232,7 @@ def test_autocast_gives_the_autocast_dtype(operands: tuple[Tensor, ...]) -> None
 def test_a_unit_scaled_hf_model_converts_in_place() -> None:
     pytest.importorskip("transformers")
     from unit_scaling.transforms import unit_scale
-    from unit_scaling.transforms._engine import transform_state
+    from unit_scaling.transforms._capture.engine import transform_state
     from unit_scaling.zoo import hf_model
 
     torch.manual_seed(0)
@@ -462,7 +462,7 @@ def test_attention_is_converted_only_on_request() -> None:
 def test_attention_of_a_unit_scaled_hf_model_converts() -> None:
     pytest.importorskip("transformers")
     from unit_scaling.transforms import unit_scale
-    from unit_scaling.transforms._engine import transform_state
+    from unit_scaling.transforms._capture.engine import transform_state
     from unit_scaling.zoo import hf_model
 
     torch.manual_seed(0)

@@ -1,7 +1,7 @@
 """Nothing on stderr from the library's entry points on the zoo's models.
 
 A transform that catches an error falls back and reports it (see
-``transforms._fallbacks``); it never lets torch print a traceback. On the CPU
+``transforms._capture.fallbacks``); it never lets torch print a traceback. On the CPU
 the paths that failed on CUDA run cleanly, so this also guards against noise of
 any other kind: a stray print, a torch.fx traceback, a C++ warning. (Python
 warnings and log records are captured by pytest, not written to stderr.)

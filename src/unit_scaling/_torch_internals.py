@@ -1,5 +1,5 @@
 """Every private torch API the package uses, outside Dynamo's (which live in
-:mod:`unit_scaling.transforms._dynamo`), and every difference between the torch
+:mod:`unit_scaling.transforms._capture.dynamo`), and every difference between the torch
 versions it supports, in one place.
 
 Each name here is pinned by ``tests/test_torch_internals.py``, which fails

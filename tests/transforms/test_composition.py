@@ -17,7 +17,7 @@ import unit_scaling.functional as U
 from tests.helpers import unit_backward
 from tests.transforms.models import CASES, MLP
 from unit_scaling.transforms import compile, simulate_fp8, track_scales, unit_scale
-from unit_scaling.transforms._engine import (
+from unit_scaling.transforms._capture.engine import (
     Place,
     Transform,
     apply_transform,

@@ -1,4 +1,4 @@
-"""The TorchDynamo internals ``unit_scaling.transforms._dynamo`` relies on.
+"""The TorchDynamo internals ``unit_scaling.transforms._capture.dynamo`` relies on.
 
 Each test pins one behaviour of a private or semi-private Dynamo API, directly
 (not through our transforms), so that a torch upgrade that changes it fails here
@@ -23,7 +23,8 @@ from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters
 from torch.fx import GraphModule
 
-from unit_scaling.transforms import _dynamo, unit_scale
+from unit_scaling.transforms import unit_scale
+from unit_scaling.transforms._capture import dynamo as _dynamo
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +38,7 @@ class Capture:
     """A backend that keeps the graphs Dynamo hands it and runs them as they are.
 
     Placeholder sources are read during the call: Dynamo drops
-    ``meta["grapharg"]`` once the backend returns (so must ``_dynamo``).
+    ``meta["grapharg"]`` once the backend returns (so must ``_capture.dynamo``).
     """
 
     def __init__(self) -> None:

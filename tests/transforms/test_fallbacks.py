@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from unit_scaling.transforms import _recognise, unit_scale
-from unit_scaling.transforms._fallbacks import Fallback, collecting, fell_back
+from unit_scaling.transforms import unit_scale
+from unit_scaling.transforms._capture.fallbacks import Fallback, collecting, fell_back
+from unit_scaling.transforms._unit import recognise as _recognise
 
 
 class HandWrittenNorm(nn.Module):
@@ -70,7 +71,7 @@ def test_outside_a_transform_a_fallback_is_a_warning(
 def test_a_non_finite_gradient_measurement_is_reported_not_applied(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from unit_scaling.transforms import _gradients
+    from unit_scaling.transforms._unit import gradients as _gradients
 
     monkeypatch.setattr(_gradients, "_moments", lambda g: (float("nan"),) * 2)
     model = unit_scale(HandWrittenNorm(16))

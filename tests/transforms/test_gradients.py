@@ -2,10 +2,11 @@
 
 ``unit_scale`` gives projections their natural gradient scales, equalises the
 factors where paths meet, and calibrates the free scales of parameters and cut
-vertices (``transforms._consistency``, ``transforms._gradients``). Each is checked
-here against its promise: gradients at unit scale, and every gradient the true
-gradient of the transformed forward function up to one factor (per parameter, and
-one for the input), measured with finite differences in float64.
+vertices (``transforms._unit.consistency``, ``transforms._unit.gradients``).
+Each is checked here against its promise: gradients at unit scale, and every
+gradient the true gradient of the transformed forward function up to one factor
+(per parameter, and one for the input), measured with finite differences in
+float64.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch import Tensor, nn
 
 import unit_scaling.functional as U
 from unit_scaling.transforms import track_scales, unit_scale
-from unit_scaling.transforms._gradients import cut_vertices
+from unit_scaling.transforms._unit.gradients import cut_vertices
 
 torch.set_default_dtype(torch.float32)
 
@@ -214,7 +215,7 @@ class _Kinds:
     """A stand-in for GraphValues: every float node is an activation."""
 
     def kind(self, node: torch.fx.Node) -> object:
-        from unit_scaling.transforms._values import Kind
+        from unit_scaling.transforms._unit.values import Kind
 
         return Kind.DATA if node.op != "output" else Kind.CONST
 

@@ -1,7 +1,7 @@
 """In-place ops keep torch's semantics and gradients under ``unit_scale``.
 
 Models write ``h += f(x)``, ``x.mul_(c)``, ``nn.ReLU(inplace=True)`` and
-``input += skip``; the transform makes them out of place (``_inplace``) and, where
+``input += skip``; the transform makes them out of place (``_unit.inplace``) and, where
 something else may hold the mutated tensor, writes the result back.
 """
 
@@ -15,7 +15,7 @@ from torch import Tensor, nn
 import unit_scaling.functional as U
 from tests.helpers import unit_backward
 from unit_scaling.transforms import unit_scale
-from unit_scaling.transforms._inplace import functionalize_inplace
+from unit_scaling.transforms._unit.inplace import functionalize_inplace
 
 
 class InPlace(nn.Module):

@@ -1,4 +1,4 @@
-"""Residual adds found in general (``transforms._residuals``), and adds that are
+"""Residual adds found in general (``transforms._unit.residuals``), and adds that are
 not residuals left to the other rules."""
 
 from __future__ import annotations

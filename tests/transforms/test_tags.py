@@ -1,4 +1,4 @@
-"""unit_scale tags every parameter for u-μP (transforms/_tags.py), and can weight
+"""unit_scale tags every parameter for u-μP (transforms/_unit/tags.py), and can weight
 residual branches by u-μP's depth-dependent rule."""
 
 from __future__ import annotations

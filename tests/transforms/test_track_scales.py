@@ -32,7 +32,7 @@ from unit_scaling.transforms import (
     track_scales,
     unit_scale,
 )
-from unit_scaling.transforms._engine import Transform, apply_transform
+from unit_scaling.transforms._capture.engine import Transform, apply_transform
 
 META_KEYS = ("clean_name", "outputs_float_tensor", "requires_grad")
 
@@ -463,9 +463,13 @@ def test_nanogpt_positions_are_pruned_as_non_float() -> None:
 # Statistics: the C++ kernel, the torch kernel and the definitions agree.
 # --------------------------------------------------------------------------- #
 
-statistics_module = importlib.import_module("unit_scaling.transforms._statistics")
-metrics_module = importlib.import_module("unit_scaling.transforms._metrics")
-tracking_module = importlib.import_module("unit_scaling.transforms._tracking")
+statistics_module = importlib.import_module(
+    "unit_scaling.transforms._tracking.statistics"
+)
+metrics_module = importlib.import_module("unit_scaling.transforms._tracking.metrics")
+tracking_module = importlib.import_module(
+    "unit_scaling.transforms._tracking.graph_pass"
+)
 _NATIVE = statistics_module._NATIVE
 _KERNELS = statistics_module._KERNELS
 

@@ -32,7 +32,7 @@ from .. import functional as U
 from .._fx_names import module_path, target_name
 from ..functional._scaling import attention_scales
 from ..scale import scale_bwd, scale_fwd
-from ..transforms._targets import calibrated_scale, sum_branches
+from ..transforms._capture.targets import calibrated_scale, sum_branches
 from ._probe import (
     Unit,
     flatten_call,

@@ -17,8 +17,8 @@ from torch.overrides import TorchFunctionMode
 
 from .. import functional as U
 from .._torch_internals import drop_state_dict_hooks, pytree
-from ..transforms._checkpoint import KEY
-from ..transforms._engine import RunState, TransformedForward, transform_state
+from ..transforms._capture.engine import RunState, TransformedForward, transform_state
+from ..transforms._unit.checkpoint import KEY
 from ._graph import attention_ratios, graph_equations
 from ._report import PlainExport, Unfolded, evaluating, measured_export, sequence_length
 from ._solver import RatioSystem

@@ -14,9 +14,15 @@ from torch.fx import GraphModule
 from .. import functional as U
 from .._fx_names import module_path
 from ..modules import MHSA, Linear, LinearReadout
-from ..transforms._engine import M, Place, Transform, extend_in_place, transform_state
-from ..transforms._graph import example_value
-from ..transforms._rules import UNIT_SCALED_FUNCTIONS
+from ..transforms._capture.engine import (
+    M,
+    Place,
+    Transform,
+    extend_in_place,
+    transform_state,
+)
+from ..transforms._capture.graph import example_value
+from ..transforms._unit.rules import UNIT_SCALED_FUNCTIONS
 from . import _gemm
 from ._attention import scaled_dot_product_attention
 from ._config import Float8Config, check_config

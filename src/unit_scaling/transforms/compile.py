@@ -7,8 +7,8 @@ from typing import Any
 
 from torch.fx import GraphModule
 
-from ._dynamo import inductor_backend
-from ._engine import M, Place, Transform, apply_transform
+from ._capture.dynamo import inductor_backend
+from ._capture.engine import M, Place, Transform, apply_transform
 
 __all__ = ["compile"]
 

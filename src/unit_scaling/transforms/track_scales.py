@@ -19,17 +19,17 @@ import logging
 
 from torch import nn
 
-from ._engine import M, Place, Transform, apply_transform, transform_state
-from ._input_grads import InputGradFallback, make_inputs_require_grad
-from ._metrics import Metrics
-from ._pruning import (
+from ._capture.engine import M, Place, Transform, apply_transform, transform_state
+from ._tracking.graph_pass import TrackingPass
+from ._tracking.input_grads import InputGradFallback, make_inputs_require_grad
+from ._tracking.metrics import Metrics
+from ._tracking.pruning import (
     prune_non_float_tensors,
     prune_same_scale_tensors,
     prune_selected_nodes,
 )
-from ._rules import UNIT_SCALED_FUNCTIONS
-from ._scales_graph import ScalesGraph
-from ._tracking import TrackingPass
+from ._tracking.scales_graph import ScalesGraph
+from ._unit.rules import UNIT_SCALED_FUNCTIONS
 
 __all__ = [
     "Metrics",

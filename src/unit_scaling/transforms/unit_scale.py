@@ -12,14 +12,7 @@ from torch import Tensor, nn
 
 from .._torch_internals import pytree
 from ..core.functional import transformer_residual_scaling_rule
-from ._checkpoint import (
-    KEY,
-    Record,
-    decode,
-    encode,
-    record_in_config,
-)
-from ._engine import (
+from ._capture.engine import (
     M,
     Place,
     Transform,
@@ -27,20 +20,27 @@ from ._engine import (
     recapture,
     transform_state,
 )
-from ._library import (
+from ._capture.library import (
     opaque_library_functions,
     opaque_rewrite_functions,
     rewrite_library_modules,
 )
-from ._params import (
+from ._unit.checkpoint import (
+    KEY,
+    Record,
+    decode,
+    encode,
+    record_in_config,
+)
+from ._unit.graph_pass import UnitScalingPass
+from ._unit.params import (
     unit_init_layers,
 )
-from ._report import UnitScaleReport
-from ._rules import (
+from ._unit.report import UnitScaleReport
+from ._unit.rules import (
     UNIT_SCALED_FUNCTIONS,
 )
-from ._tags import tag_structure
-from ._unit_pass import UnitScalingPass
+from ._unit.tags import tag_structure
 
 __all__ = [
     "UNIT_SCALED_FUNCTIONS",
@@ -67,7 +67,7 @@ def unit_scale(
     calls) and rewrites each captured graph:
 
     #. **In-place ops** (``h += f(x)``, ``x.mul_(c)``, ``inplace=True``) become
-       out-of-place, keeping torch's semantics (see ``transforms._inplace``).
+       out-of-place, keeping torch's semantics (see ``transforms._unit.inplace``).
     #. **User replacements**: calls to each key of ``replace`` become calls to its
        value (keys are kept opaque while tracing, so they appear as single calls).
     #. **Analytic rules**: every op with an equivalent in
@@ -112,7 +112,7 @@ def unit_scale(
     biases, norm gains, embeddings, the readout after the repeated blocks; a
     depth for parameters inside them), else from its use in the graph at the
     first call, else by rank (matrix: weight, vector: bias), listed in
-    ``unit_scale_report().tags`` (see ``unit_scaling.transforms._tags``).
+    ``unit_scale_report().tags`` (see ``unit_scaling.transforms._unit.tags``).
 
     Known library constructs are first rewritten into the torch functions they
     compute (Hugging Face's ``Conv1D``, tanh GELU and RMSNorm classes), validated

@@ -10,7 +10,7 @@ from typing import Any
 from torch.fx import Graph, Node
 from torch.fx.node import Target, map_arg
 
-from ._metrics import Metrics
+from .metrics import Metrics
 
 __all__ = [
     "prune_non_float_tensors",

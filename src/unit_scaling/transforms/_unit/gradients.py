@@ -40,13 +40,13 @@ import torch
 from torch import Tensor, nn
 from torch.fx import Graph, GraphModule, Node
 
-from .._standins import normal_like, seeded
-from ..scale import scale_bwd
-from ._dynamo import restore_functorch_levels
-from ._engine import CaptureContext
-from ._graph import run_quietly
-from ._targets import RESCALING
-from ._values import GraphValues, Kind, TensorInfo
+from ..._standins import normal_like, seeded
+from ...scale import scale_bwd
+from .._capture.dynamo import restore_functorch_levels
+from .._capture.engine import CaptureContext
+from .._capture.graph import run_quietly
+from .._capture.targets import RESCALING
+from .values import GraphValues, Kind, TensorInfo
 
 __all__ = [
     "ZERO_GRADIENT",

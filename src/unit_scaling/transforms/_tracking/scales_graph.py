@@ -11,10 +11,10 @@ import torch
 from torch import Tensor, nn
 from torch.fx import Graph, Node
 
-from ._engine import Capture, RunState
-from ._graph import example_value
-from ._metrics import Metrics, finalize
-from ._tracking import Key, Record, TrackingPass, is_tracked_value
+from .._capture.engine import Capture, RunState
+from .._capture.graph import example_value
+from .graph_pass import Key, Record, TrackingPass, is_tracked_value
+from .metrics import Metrics, finalize
 
 __all__ = ["ScalesGraph"]
 

@@ -36,12 +36,12 @@ import torch
 from torch import Tensor
 from torch.fx import Graph, GraphModule, Node
 
-from .._standins import normal, normal_like, seeded
-from ..scale import scale_bwd
-from ._dynamo import is_functorch_internal
-from ._graph import SAME_ELEMENTS, OpSet, run_quietly
-from ._targets import calibrated_scale
-from ._values import GraphValues, Kind, TensorInfo
+from ..._standins import normal, normal_like, seeded
+from ...scale import scale_bwd
+from .._capture.dynamo import is_functorch_internal
+from .._capture.graph import SAME_ELEMENTS, OpSet, run_quietly
+from .._capture.targets import calibrated_scale
+from .values import GraphValues, Kind, TensorInfo
 
 __all__ = [
     "Calibration",
@@ -550,7 +550,7 @@ def apply_input_gradient_scales(
     from unit scale (an average pool's ``1/K``, a gather's sum over the tokens
     routed to an expert) the gradient scale ``1 / rms`` on its edges into the
     region, as the analytic rules give each op its natural gradient scale; the
-    path factors (``_consistency``) keep the gradients true up to one factor
+    path factors (``consistency``) keep the gradients true up to one factor
     per node. Not for a region with an output left as it is (a scalar, a value
     frozen code reads): its gradient is the model's own. Returns the inputs
     scaled and their factors."""

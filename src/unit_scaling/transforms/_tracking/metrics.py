@@ -1,5 +1,5 @@
 """The statistics :func:`track_scales` records per tensor: :class:`Metrics`,
-and :func:`finalize`, which derives them from the raw sums of ``_statistics``."""
+and :func:`finalize`, which derives them from the raw sums of ``statistics``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from ._statistics import RAW_FIELDS, raw_statistics
+from .statistics import RAW_FIELDS, raw_statistics
 
 __all__ = ["Metrics", "finalize"]
 

@@ -3,7 +3,7 @@
 Models write normalisations and activations by hand: Llama's RMSNorm as
 ``x * rsqrt(mean(x**2) + eps) * w``, Gemma's with ``(1 + w)``, T5's without the
 mean subtraction, GPT-2's GELU as ``0.5 x (1 + tanh(...))``. Each is a region of
-ops with no rule (see ``_regions``). Before such a region is calibrated as a
+ops with no rule (see ``regions``). Before such a region is calibrated as a
 whole, it is checked numerically against the torch functions it might compute:
 run on a stand-in input (deliberately off unit scale and off zero mean, so that
 normalisations and identities tell apart), with its real parameters, it must
@@ -24,12 +24,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.fx import Graph, GraphModule, Node
 
-from .. import functional as U
-from .._standins import normal, seeded
-from ._fallbacks import fell_back
-from ._graph import run_quietly
-from ._regions import Region, subgraph
-from ._values import GraphValues, Kind
+from ... import functional as U
+from ..._standins import normal, seeded
+from .._capture.fallbacks import fell_back
+from .._capture.graph import run_quietly
+from .regions import Region, subgraph
+from .values import GraphValues, Kind
 
 __all__ = ["Recognised", "recognise", "recognise_within", "replace_region"]
 

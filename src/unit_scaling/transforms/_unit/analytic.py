@@ -16,15 +16,16 @@ import torch
 import torch.nn.functional as F
 from torch.fx import Graph, Node
 
-from .. import functional as U
-from .._fx_names import module_path
-from ..scale import scale_bwd
-from ._graph import have_common_ancestor, is_add, retarget
-from ._regions import (
+from ... import functional as U
+from ..._fx_names import module_path
+from ...scale import scale_bwd
+from .._capture.graph import have_common_ancestor, is_add, retarget
+from .._capture.targets import calibrated_scale, sum_branches
+from .regions import (
     is_rearrangement,
 )
-from ._report import OpRecord, UnitScaleReport
-from ._rules import (
+from .report import OpRecord, UnitScaleReport
+from .rules import (
     CONSTRAINED,
     ELEMENTWISE,
     UNIT_SCALED_FUNCTIONS,
@@ -33,8 +34,7 @@ from ._rules import (
     rule_for,
     set_argument,
 )
-from ._targets import calibrated_scale, sum_branches
-from ._values import GraphValues
+from .values import GraphValues
 
 __all__ = [
     "OURS",
@@ -217,7 +217,7 @@ def unconstrain_inputs(graph: Graph, inputs: set[Node]) -> None:
     """An op that alone reads the model's own ``inputs`` gets independent
     gradient scales (``constraint=None``): those gradients feed nothing else, so
     their scale is free. (Every other op's gradient scales are set consistently
-    by ``_consistency``; an input that several ops read keeps the true gradient,
+    by ``consistency``; an input that several ops read keeps the true gradient,
     since its gradient is their sum.)"""
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in CONSTRAINED:

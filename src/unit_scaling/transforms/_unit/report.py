@@ -7,8 +7,8 @@ import re
 from collections import Counter
 from typing import Any, Literal
 
-from ._fallbacks import Fallback
-from ._tags import TagRecord
+from .._capture.fallbacks import Fallback
+from .tags import TagRecord
 
 __all__ = ["OpRecord", "ParameterRecord", "UnitScaleReport"]
 

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from torch import Tensor
 
-from ..scale import scale_bwd, scale_fwd
+from ...scale import scale_bwd, scale_fwd
 
 __all__ = ["RESCALING", "calibrated_scale", "sum_branches"]
 

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.fx import GraphModule
 
-from .._torch_internals import pytree
+from ..._torch_internals import pytree
 
 __all__ = ["InputSpec", "Replay", "input_specs", "record", "signature_key"]
 

@@ -34,11 +34,11 @@ from typing import Any
 
 from torch.fx import Graph, Node
 
-from .. import functional as U
-from ._graph import ancestors_between, is_add
-from ._rules import ATTENTION_PRODUCTS, WEIGHTED
-from ._targets import sum_branches
-from ._values import GraphValues
+from ... import functional as U
+from .._capture.graph import ancestors_between, is_add
+from .._capture.targets import sum_branches
+from .rules import ATTENTION_PRODUCTS, WEIGHTED
+from .values import GraphValues
 
 __all__ = ["Residual", "find_residuals", "rewrite_residual"]
 

@@ -5,7 +5,7 @@ scaling cannot see into; :class:`AttentionFunctions` computes the same function
 with ``F.linear`` and ``F.scaled_dot_product_attention`` on the same parameters,
 and is validated numerically against the layer before it replaces it. (Layers
 other libraries write by hand, such as RMSNorm, tanh GELU or GPT-2's ``Conv1D``,
-need no such rewrite: the graph rules of ``_patterns`` and ``_recognise``
+need no such rewrite: the graph rules of ``_unit.patterns`` and ``_unit.recognise``
 recognise what they compute.) User-listed classes in ``replace=`` are swapped
 for :class:`CallReplacement` here too.
 """
@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._standins import normal, seeded
-from .._torch_internals import mha_packed_projection
-from ._fallbacks import fell_back
+from ..._standins import normal, seeded
+from ..._torch_internals import mha_packed_projection
+from .fallbacks import fell_back
 
 __all__ = ["rewrite_library_modules"]
 

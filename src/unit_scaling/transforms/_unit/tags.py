@@ -41,8 +41,8 @@ from typing import Literal
 
 from torch import Tensor, nn
 
-from .._torch_internals import BatchNormBase, ConvNdBase, InstanceNormBase
-from ..parameter import MupType, has_parameter_data, retag
+from ..._torch_internals import BatchNormBase, ConvNdBase, InstanceNormBase
+from ...parameter import MupType, has_parameter_data, retag
 
 __all__ = ["TagRecord", "depths", "tag_from_graph", "tag_structure"]
 
@@ -64,7 +64,7 @@ _NORM_LAYERS = (
     InstanceNormBase,
 )
 _TIED = "readout tied to an embedding table: both learn by the output rule"
-# A parameter's role in the graph (see transforms._params) -> its u-μP type.
+# A parameter's role in the graph (see transforms._unit.params) -> its u-μP type.
 _ROLE_TYPES: dict[str, MupType] = {
     "weight": "weight",
     "table": "weight",
@@ -79,7 +79,7 @@ _ROLE_TYPES: dict[str, MupType] = {
 class TagRecord:
     """The u-μP tags ``unit_scale`` gave a parameter, and from what: ``"model"``
     (it had them), ``"layer"``, ``"readout"``, ``"graph"`` or ``"generic"``
-    (see :mod:`unit_scaling.transforms._tags`)."""
+    (see :mod:`unit_scaling.transforms._unit.tags`)."""
 
     name: str
     mup_type: MupType

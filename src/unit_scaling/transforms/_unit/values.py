@@ -33,12 +33,12 @@ import torch
 from torch import Tensor, nn
 from torch.fx import GraphModule, Interpreter, Node
 
-from .._torch_internals import pytree
-from ._dynamo import restore_functorch_levels
-from ._fallbacks import fell_back
-from ._graph import example_value
-from ._rules import rule_for
-from ._targets import RESCALING
+from ..._torch_internals import pytree
+from .._capture.dynamo import restore_functorch_levels
+from .._capture.fallbacks import fell_back
+from .._capture.graph import example_value
+from .._capture.targets import RESCALING
+from .rules import rule_for
 
 __all__ = ["GraphValues", "Kind", "TensorInfo", "graph_values"]
 

@@ -13,8 +13,8 @@ import math
 import torch
 from torch import Tensor
 
-from .._kernels import CompiledKernels, NativeKernel, in_memory, native_threads
-from ..formats import FP8_E4M3, FP8_E5M2
+from ..._kernels import CompiledKernels, NativeKernel, in_memory, native_threads
+from ...formats import FP8_E4M3, FP8_E5M2
 
 __all__ = ["RAW_FIELDS", "raw_statistics", "row_layout"]
 

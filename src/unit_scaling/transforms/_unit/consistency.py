@@ -33,11 +33,11 @@ import torch
 from torch import Tensor
 from torch.fx import Graph, Node
 
-from .. import functional as U
-from ..scale import scale_bwd
-from ._gradients import toward_loss
-from ._rules import get_argument, set_argument
-from ._values import GraphValues, Kind
+from ... import functional as U
+from ...scale import scale_bwd
+from .gradients import toward_loss
+from .rules import get_argument, set_argument
+from .values import GraphValues, Kind
 
 __all__ = ["scale_broadcast_gradients", "unconstrain_consistently"]
 

@@ -1,5 +1,5 @@
 """The calibrated stage of ``unit_scale``: every region of ops that no rule
-covers (see ``_regions``) is recognised as a known op, or measured on stand-in
+covers (see ``regions``) is recognised as a known op, or measured on stand-in
 inputs and given the scales that make its outputs and input gradients unit;
 each region's measurement is kept for later captures of the same region."""
 
@@ -15,13 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
-from .. import functional as U
-from .._fx_names import module_path
-from ._analytic import OURS, rebind, record_op
-from ._checkpoint import Measured
-from ._graph import retarget
-from ._recognise import recognise, recognise_within, replace_region
-from ._regions import (
+from ... import functional as U
+from ..._fx_names import module_path
+from .._capture.graph import retarget
+from .analytic import OURS, rebind, record_op
+from .checkpoint import Measured
+from .recognise import recognise, recognise_within, replace_region
+from .regions import (
     Calibration,
     Region,
     apply_input_gradient_scales,
@@ -29,12 +29,12 @@ from ._regions import (
     calibrate,
     find_regions,
 )
-from ._report import OpRecord, UnitScaleReport
-from ._rules import (
+from .report import OpRecord, UnitScaleReport
+from .rules import (
     ELEMENTWISE,
     rule_for,
 )
-from ._values import GraphValues, Kind
+from .values import GraphValues, Kind
 
 __all__ = ["calibrate_regions", "capture_key"]
 
@@ -157,7 +157,7 @@ def calibrate_regions(
     frozen: set[Node],
     measured: dict[tuple[Any, ...], Measured],
 ) -> list[Region]:
-    """Calibrate every region of ops no rule covers (see ``_regions``). Outputs
+    """Calibrate every region of ops no rule covers (see ``regions``). Outputs
     that feed frozen code keep their scale: there, the value itself may matter
     (a scan's decay factor). ``measured`` holds earlier captures' calibrations."""
     graph = gm.graph

@@ -40,13 +40,13 @@ import torch
 from torch import Tensor, nn
 from torch.fx import Graph, Node
 
-from .. import functional as U
-from .._torch_internals import ConvNdBase
-from ..scale import scale_bwd
-from ._library import AttentionFunctions
-from ._regions import is_rearrangement
-from ._rules import WEIGHTED
-from ._values import GraphValues, Kind
+from ... import functional as U
+from ..._torch_internals import ConvNdBase
+from ...scale import scale_bwd
+from .._capture.library import AttentionFunctions
+from .regions import is_rearrangement
+from .rules import WEIGHTED
+from .values import GraphValues, Kind
 
 __all__ = [
     "graph_roles",

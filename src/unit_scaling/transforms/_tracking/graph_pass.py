@@ -13,14 +13,14 @@ from typing import Any
 from torch import Tensor
 from torch.fx import Graph, GraphModule, Node
 
-from .. import functional as U
-from .._kernels import in_memory
-from .._torch_internals import is_functorch_wrapped_tensor
-from ..scale import scale_bwd
-from ._engine import StatefulPass
-from ._graph import SAME_ELEMENTS, example_value
-from ._statistics import raw_statistics, row_layout
-from ._targets import calibrated_scale
+from ... import functional as U
+from ..._kernels import in_memory
+from ..._torch_internals import is_functorch_wrapped_tensor
+from ...scale import scale_bwd
+from .._capture.engine import StatefulPass
+from .._capture.graph import SAME_ELEMENTS, example_value
+from .._capture.targets import calibrated_scale
+from .statistics import raw_statistics, row_layout
 
 __all__ = ["Key", "Record", "TrackingPass", "is_tracked_value"]
 

@@ -1,7 +1,7 @@
 """Everything that touches TorchDynamo and functorch internals lives here.
 
 The transforms capture a module's forward pass with TorchDynamo, rewrite the FX
-graph it produces, and run the rewritten graph (``_engine``). What here depends
+graph it produces, and run the rewritten graph (``engine``). What here depends
 on details that public APIs do not expose is pinned by
 ``tests/transforms/test_dynamo_internals.py``, which fails loudly if a torch
 upgrade breaks it:
@@ -42,7 +42,7 @@ from torch._dynamo.utils import counters
 from torch.fx import GraphModule
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .._torch_internals import NESTED_GRAPH_BREAKS_WORK, symint_hint
+from ..._torch_internals import NESTED_GRAPH_BREAKS_WORK, symint_hint
 
 __all__ = [
     "UNTRACEABLE",

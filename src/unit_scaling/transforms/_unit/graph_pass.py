@@ -14,10 +14,16 @@ from typing import Any
 from torch import nn
 from torch.fx import Graph, GraphModule, Node
 
-from .._fx_names import module_path
-from .._torch_internals import fsdp_unsharded_parameters
-from ..scale import scale_bwd
-from ._analytic import (
+from ..._fx_names import module_path
+from ..._torch_internals import fsdp_unsharded_parameters
+from ...scale import scale_bwd
+from .._capture.dynamo import functorch_sections, is_functorch_internal
+from .._capture.engine import (
+    CaptureContext,
+    CapturePass,
+)
+from .._capture.fallbacks import collecting, fell_back
+from .analytic import (
     OURS,
     op_name,
     record_op,
@@ -26,22 +32,16 @@ from ._analytic import (
     unconstrain_inputs,
     unit_scale_adds,
 )
-from ._calibrated import calibrate_regions, capture_key
-from ._checkpoint import (
+from .calibrated import calibrate_regions, capture_key
+from .checkpoint import (
     Measured,
     Record,
     encode,
     key_to_text,
     write_to_config,
 )
-from ._consistency import scale_broadcast_gradients, unconstrain_consistently
-from ._dynamo import functorch_sections, is_functorch_internal
-from ._engine import (
-    CaptureContext,
-    CapturePass,
-)
-from ._fallbacks import collecting, fell_back
-from ._gradients import (
+from .consistency import scale_broadcast_gradients, unconstrain_consistently
+from .gradients import (
     CUT_TOLERANCE,
     PARAMETER_TOLERANCE,
     ZERO_GRADIENT,
@@ -53,17 +53,17 @@ from ._gradients import (
     rounded,
     scale_gradient,
 )
-from ._inplace import functionalize_inplace
-from ._params import (
+from .inplace import functionalize_inplace
+from .params import (
     graph_roles,
     initialise,
     scale_direct_parameter_gradients,
 )
-from ._patterns import rewrite_patterns
-from ._report import OpRecord, ParameterRecord, UnitScaleReport
-from ._residuals import find_residuals, rewrite_residual
-from ._tags import TagRecord, tag_from_graph
-from ._values import GraphValues, Kind, graph_values
+from .patterns import rewrite_patterns
+from .report import OpRecord, ParameterRecord, UnitScaleReport
+from .residuals import find_residuals, rewrite_residual
+from .tags import TagRecord, tag_from_graph
+from .values import GraphValues, Kind, graph_values
 
 __all__ = ["UnitScalingPass"]
 
@@ -201,7 +201,7 @@ class UnitScalingPass(CapturePass):
         readable: dict[Node, str],
     ) -> None:
         """Bring gradients to unit scale where the rules leave their scale free
-        (see ``_gradients``): cut vertices, measured at every capture, and
+        (see ``gradients``): cut vertices, measured at every capture, and
         parameters, measured at the first capture that uses them and reused."""
         graph = gm.graph
         for node, name in readable.items():

@@ -14,8 +14,8 @@ each graph Dynamo captures, the backend runs the passes in place order (each may
 need the real example inputs: a :class:`CapturePass` receives them in a
 :class:`CaptureContext`), then executes the graph eagerly or with the chain's
 backend. A first eager call with a given input signature also records how to
-replay its graph (``_replay``), for an outer ``torch.compile`` or a dispatch mode.
-Everything that touches Dynamo internals is in ``_dynamo``.
+replay its graph (``replay``), for an outer ``torch.compile`` or a dispatch mode.
+Everything that touches Dynamo internals is in ``dynamo``.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ import torch
 from torch import Tensor, nn
 from torch.fx import GraphModule
 
-from .._torch_internals import fsdp_unsharded_parameters, pytree
-from . import _dynamo
-from ._fallbacks import fell_back
-from ._replay import InputSpec, Replay, input_specs, record, signature_key
+from ..._torch_internals import fsdp_unsharded_parameters, pytree
+from . import dynamo
+from .fallbacks import fell_back
+from .replay import InputSpec, Replay, input_specs, record, signature_key
 
 __all__ = [
     "CaptureContext",
@@ -333,7 +333,7 @@ class TransformedForward:
         self._module = module
         self._state = state
         self._seen_type: type[nn.Module] | None = None
-        self._original = _dynamo.fresh_forward(module)  # called with the module
+        self._original = dynamo.fresh_forward(module)  # called with the module
         # The frame Dynamo captures is this function's own, decorators included.
         signature = inspect.signature(type(module).forward, follow_wrapped=False)
         self._self_name = next(iter(signature.parameters), "self")
@@ -357,17 +357,17 @@ class TransformedForward:
         self, gm: GraphModule, example_inputs: Sequence[Any]
     ) -> Callable[..., Any]:
         state = self._state
-        _dynamo.name_placeholders(gm, self._self_name)
+        dynamo.name_placeholders(gm, self._self_name)
         names = parameter_names(self._module)
         modules = {name for name, _ in self._module.named_modules()}
-        _dynamo.anchor_module_paths(gm, example_inputs, names, modules)
+        dynamo.anchor_module_paths(gm, example_inputs, names, modules)
         replay_inputs = (
             input_specs(self._module, state.current_call, example_inputs)
             if state.current_call is not None
             else None
         )
         context = CaptureContext(
-            [_dynamo.concrete(x) for x in example_inputs],
+            [dynamo.concrete(x) for x in example_inputs],
             self._module,
             frozenset(id(b) for b in self._module.buffers()),
             frozenset(
@@ -419,20 +419,20 @@ class TransformedForward:
         key = signature_key(self._module, args, kwargs)
         state.record_outputs = key not in state.replays
         state.current_call = (args, kwargs)
-        reasons_before = _dynamo.break_reasons()
+        reasons_before = dynamo.break_reasons()
         captured_before = len(state.captures)
         if type(self._module) is not self._seen_type:  # e.g. sharded since
             _own_block_forwards(self._module)
             self._seen_type = type(self._module)
         try:
-            with _dynamo.capturing(config.non_recurse):
+            with dynamo.capturing(config.non_recurse):
                 output = self._compiled(self._module, *args, **kwargs)
-        except _dynamo.UNTRACEABLE as error:
+        except dynamo.UNTRACEABLE as error:
             raise _untraceable(self._module, str(error)) from error
         finally:
             state.record_outputs = False
             state.current_call = None
-        reasons = _dynamo.break_reasons() - reasons_before
+        reasons = dynamo.break_reasons() - reasons_before
         ran = state.graphs_run_in_call
         if not ran:
             detail = "; ".join(_first_line(r) for r in reasons) or (
@@ -478,7 +478,7 @@ class TransformedForward:
                 # (a graph break); the capture it makes is replayed once recompiled.
                 return self._eager_outside_compile(*args, **kwargs)
             return replay(self._module, args, kwargs)
-        if _dynamo.dispatch_mode_active():
+        if dynamo.dispatch_mode_active():
             return self._under_dispatch_mode(args, kwargs)
         return self._eager(*args, **kwargs)
 
@@ -514,7 +514,7 @@ def _own_block_forwards(module: nn.Module) -> None:
             and isinstance(sub, FSDPModule)
             and "forward" not in sub.__dict__
         ):
-            sub.forward = types.MethodType(_dynamo.fresh_forward(sub), sub)
+            sub.forward = types.MethodType(dynamo.fresh_forward(sub), sub)
 
 
 def _no_ref() -> None:

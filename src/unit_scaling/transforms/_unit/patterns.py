@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch.fx import Graph, Node
 
-from .. import functional as U
-from ._graph import retarget
-from ._values import GraphValues, Kind, TensorInfo
+from ... import functional as U
+from .._capture.graph import retarget
+from .values import GraphValues, Kind, TensorInfo
 
 __all__ = ["rewrite_patterns"]
 

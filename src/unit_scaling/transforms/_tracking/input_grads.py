@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._engine import RunState
+from .._capture.engine import RunState
 
 __all__ = ["InputGradFallback", "make_inputs_require_grad"]
 

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from .. import functional as U
-from .._torch_internals import OpOverload, OpOverloadPacket
+from ... import functional as U
+from ..._torch_internals import OpOverload, OpOverloadPacket
 
 __all__ = [
     "ATTENTION_PRODUCTS",
@@ -45,7 +45,7 @@ _METHOD_RULES: dict[str, Callable[..., Any]] = {
 }
 
 # Elementwise functions: unit-scaled one at a time only when they stand alone
-# between other ops (see ``_regions``); inside a composition they are calibrated
+# between other ops (see ``regions``); inside a composition they are calibrated
 # with it, as ``50 * tanh(x / 50)`` needs.
 ELEMENTWISE: frozenset[Callable[..., Any]] = frozenset(
     {U.gelu, U.silu, U.relu, U.tanh, U.sigmoid}

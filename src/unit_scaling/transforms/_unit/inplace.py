@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx import Graph, Node
 
-from ._graph import is_view_node
+from .._capture.graph import is_view_node
 
 __all__ = ["functionalize_inplace"]
 
