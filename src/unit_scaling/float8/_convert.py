@@ -22,7 +22,7 @@ from ..transforms._capture.engine import (
     transform_state,
 )
 from ..transforms._capture.graph import example_value
-from ..transforms._unit.rules import UNIT_SCALED_FUNCTIONS
+from ..transforms._capture.opaque import UNIT_SCALED_FUNCTIONS
 from . import _gemm
 from ._attention import scaled_dot_product_attention
 from ._config import Float8Config, check_config

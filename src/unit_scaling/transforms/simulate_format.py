@@ -16,7 +16,7 @@ from .. import functional as U
 from ..formats import FP8_E4M3, FP8_E5M2, FPFormat
 from ._capture.engine import GraphPass, M, Place, Transform, apply_transform
 from ._capture.graph import is_float_tensor_node
-from ._unit.rules import UNIT_SCALED_FUNCTIONS
+from ._capture.opaque import UNIT_SCALED_FUNCTIONS
 
 __all__ = ["simulate_format", "simulate_fp8"]
 

@@ -20,6 +20,7 @@ from ... import functional as U
 from ..._fx_names import module_path
 from ...scale import scale_bwd
 from .._capture.graph import have_common_ancestor, is_add, retarget
+from .._capture.opaque import UNIT_SCALED_FUNCTIONS
 from .._capture.targets import calibrated_scale, sum_branches
 from .regions import (
     is_rearrangement,
@@ -28,7 +29,6 @@ from .report import OpRecord, UnitScaleReport
 from .rules import (
     CONSTRAINED,
     ELEMENTWISE,
-    UNIT_SCALED_FUNCTIONS,
     accepts,
     get_argument,
     rule_for,

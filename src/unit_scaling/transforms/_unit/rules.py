@@ -12,26 +12,18 @@ from torch.fx import Node
 
 from ... import functional as U
 from ..._torch_internals import OpOverload, OpOverloadPacket
+from .._capture.opaque import UNIT_SCALED_FUNCTIONS
 
 __all__ = [
     "ATTENTION_PRODUCTS",
     "CONSTRAINED",
     "ELEMENTWISE",
-    "UNIT_SCALED_FUNCTIONS",
     "WEIGHTED",
     "get_argument",
     "rule_for",
     "set_argument",
 ]
 
-# Every unit-scaled function is kept opaque while tracing, so that the F.* calls
-# inside it are not unit-scaled a second time. (residual_apply takes a function,
-# which cannot be a graph argument; Dynamo traces it into its opaque parts.)
-UNIT_SCALED_FUNCTIONS: tuple[Callable[..., Any], ...] = tuple(
-    getattr(U, name)
-    for name in U.__all__
-    if callable(getattr(U, name)) and name != "residual_apply"
-)
 
 # Tensor methods with a unit-scaled equivalent taking the tensor first.
 _METHOD_RULES: dict[str, Callable[..., Any]] = {
