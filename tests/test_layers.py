@@ -6,7 +6,9 @@ function-level ones included, read from the source with :mod:`ast`).
 2. A layer imports only from its own layer and those below it.
 3. ``admin_torch`` depends on torch (and the standard library) alone.
 4. Private torch APIs are used in two modules only: ``_torch_internals`` and
-   ``transforms/_dynamo`` (each pinned by its own tests).
+   ``transforms/_capture/dynamo`` (each pinned by its own tests).
+5. Inside ``transforms``: entry points -> passes (``_unit``, ``_tracking``) ->
+   capture engine (``_capture``), and the folder holds nothing else.
 """
 
 from __future__ import annotations
@@ -222,3 +224,66 @@ def test_each_transform_builds_on_the_engine_not_on_another_transform() -> None:
                 if other != name and ("transforms", other) in pairwise(target):
                     bad.append(f"{_where(i)} imports {'.'.join(target)}")
     assert not bad, "\n".join(bad)
+
+
+# Inside ``transforms``: the entry points, over the passes of each transform,
+# over the capture engine they share. Imports run one way only, and the two pass
+# packages never import each other (what both need lives in the engine).
+TRANSFORM_LAYERS: dict[str, int] = {"_capture": 0, "_unit": 1, "_tracking": 1}
+ENTRY_POINTS = frozenset({"__init__", *TRANSFORMS})
+
+
+def _transforms_part(module: tuple[str, ...]) -> str | None:
+    """The part of ``transforms`` a module belongs to: a layer package, or
+    ``"entry"`` for the public modules at its top; ``None`` outside it."""
+    if module[:2] != ("unit_scaling", "transforms"):
+        return None
+    if len(module) == 2 or module[2] not in TRANSFORM_LAYERS:
+        return "entry"
+    return module[2]
+
+
+def _wrong_way(i: Import) -> bool:
+    source = _transforms_part(i.module)
+    target = i.target if i.name is None else (*i.target, i.name)
+    into = _transforms_part(target)
+    if source is None or into is None or source == into:
+        return False
+    if into == "entry":
+        return True  # nothing below the entry points imports one
+    if source == "entry":
+        return False
+    return TRANSFORM_LAYERS[into] >= TRANSFORM_LAYERS[source]
+
+
+def test_transforms_tree_shows_its_layers() -> None:
+    root = SRC / "unit_scaling" / "transforms"
+    modules = {p.stem for p in root.glob("*.py")}
+    packages = {p.name for p in root.iterdir() if (p / "__init__.py").is_file()}
+    assert modules == ENTRY_POINTS, f"top of transforms/: {sorted(modules)}"
+    assert packages == set(TRANSFORM_LAYERS), f"packages: {sorted(packages)}"
+
+
+def test_transforms_import_downwards_only() -> None:
+    bad = [
+        f"{_where(i)} imports {'.'.join(i.target)}" + (f" {i.name}" if i.name else "")
+        for i in _all_imports("unit_scaling/transforms")
+        if _wrong_way(i)
+    ]
+    assert not bad, (
+        "transforms/ imports run entry points -> passes (_unit, _tracking) -> "
+        "engine (_capture):\n" + "\n".join(bad)
+    )
+    # and the check sees a wrong-way import where there is one
+    engine = ("unit_scaling", "transforms", "_capture", "engine")
+    unit = ("unit_scaling", "transforms", "_unit", "params")
+    tracking = ("unit_scaling", "transforms", "_tracking", "metrics")
+    entry = ("unit_scaling", "transforms", "unit_scale")
+    assert _wrong_way(Import(engine, unit[:3], "params", 1))  # from .._unit import
+    assert _wrong_way(Import(unit, tracking, "Metrics", 1))
+    assert _wrong_way(Import(tracking, entry, "unit_scale", 1))
+    assert not _wrong_way(Import(entry, unit, "x", 1))
+    assert not _wrong_way(Import(unit, engine, "Transform", 1))
+    # the parser resolves a relative import inside a layer package
+    found = _imports(SRC / "unit_scaling" / "transforms" / "_unit" / "params.py")
+    assert any(i.target[:3] == engine[:3] for i in found)

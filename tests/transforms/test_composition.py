@@ -20,8 +20,15 @@ from unit_scaling.transforms import compile, simulate_fp8, track_scales, unit_sc
 from unit_scaling.transforms._capture.engine import (
     Place,
     Transform,
+    TransformedForward,
     apply_transform,
     transform_state,
+)
+from unit_scaling.transforms._capture.library import (
+    CallReplacement,
+    LibraryRewrite,
+    Prepared,
+    attention_weights,
 )
 
 NANOGPT = CASES["nanogpt"]
@@ -226,6 +233,56 @@ def test_transform_configuration_is_frozen() -> None:
 def test_backend_after_eager_transform_is_an_error() -> None:
     with pytest.raises(ValueError, match="cannot follow track_scales"):
         compile(track_scales(nn.Linear(4, 4)))
+
+
+def test_engine_takes_the_module_through_each_stage_once() -> None:
+    # copy -> prepare (the library rewrite) -> chain -> install -> set up, all
+    # inside the one apply_transform call, on the copy only.
+    class Opaque(nn.Module):
+        def forward(self, x: Tensor) -> Tensor:
+            return x * 2
+
+    calls: list[tuple[nn.Module, object, frozenset[type[nn.Module]]]] = []
+
+    def setup(module: nn.Module, state: object, prepared: Prepared) -> None:
+        calls.append((module, state, prepared.matched))
+        # set up sees the prepared copy, its forward already installed
+        assert isinstance(module[1], CallReplacement)
+        assert isinstance(module.forward, TransformedForward)
+
+    original = nn.Sequential(nn.Linear(4, 4), Opaque(), nn.MultiheadAttention(4, 1))
+    transform = Transform(
+        name="x",
+        rewrite=LibraryRewrite(((Opaque, lambda x: x + 1),)),
+        setup=setup,
+    )
+    model = apply_transform(original, transform)
+    assert len(calls) == 1
+    module, state, matched = calls[0]
+    assert module is model and state is transform_state(model)
+    assert matched == {Opaque}
+    # the user's module is untouched; the copy is rewritten
+    assert isinstance(original[1], Opaque)
+    assert isinstance(original[2], nn.MultiheadAttention)
+    assert type(model[2]).__name__ == "AttentionFunctions"
+    assert "forward" not in original.__dict__
+    # what the rewrite found to keep whole joined the chain's opaque functions
+    assert attention_weights in state.config.non_recurse  # type: ignore[attr-defined]
+    assert attention_weights not in transform.non_recurse
+
+
+def test_chain_is_checked_before_the_module_is_copied() -> None:
+    copies = 0
+
+    class Counted(nn.Linear):
+        def __deepcopy__(self, memo: dict[int, object]) -> Counted:
+            nonlocal copies
+            copies += 1
+            return self
+
+    with pytest.raises(ValueError, match="cannot follow track_scales"):
+        compile(track_scales(Counted(4, 4)))
+    assert copies == 1  # track_scales' copy; compile's check came first
 
 
 def test_copies_start_with_fresh_run_state() -> None:

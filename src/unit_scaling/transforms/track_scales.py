@@ -19,7 +19,16 @@ import logging
 
 from torch import nn
 
-from ._capture.engine import M, Place, Transform, apply_transform, transform_state
+from ._capture.engine import (
+    M,
+    Place,
+    RunState,
+    Transform,
+    apply_transform,
+    transform_state,
+)
+from ._capture.library import Prepared
+from ._capture.opaque import UNIT_SCALED_FUNCTIONS
 from ._tracking.graph_pass import TrackingPass
 from ._tracking.input_grads import InputGradFallback, make_inputs_require_grad
 from ._tracking.metrics import Metrics
@@ -29,7 +38,6 @@ from ._tracking.pruning import (
     prune_selected_nodes,
 )
 from ._tracking.scales_graph import ScalesGraph
-from ._unit.rules import UNIT_SCALED_FUNCTIONS
 
 __all__ = [
     "Metrics",
@@ -88,9 +96,14 @@ def track_scales(module: M) -> M:
         non_recurse=UNIT_SCALED_FUNCTIONS,
         before_call=(make_inputs_require_grad,),
         attributes=(("scales_graph", ScalesGraph),),
+        setup=_fall_back_to_inputs_as_given,
     )
-    tracked = apply_transform(module, transform)
-    state = transform_state(tracked)
-    assert state is not None
-    object.__setattr__(tracked, "forward", InputGradFallback(tracked.forward, state))
-    return tracked
+    return apply_transform(module, transform)
+
+
+def _fall_back_to_inputs_as_given(
+    module: nn.Module, state: RunState, prepared: Prepared
+) -> None:
+    """The engine's set-up stage: the forward reruns a call with the inputs as
+    given when the model cannot take inputs that require grad."""
+    object.__setattr__(module, "forward", InputGradFallback(module.forward, state))

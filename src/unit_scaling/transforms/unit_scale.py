@@ -17,30 +17,14 @@ from ._capture.engine import (
     Place,
     Transform,
     apply_transform,
-    recapture,
     transform_state,
 )
-from ._capture.library import (
-    opaque_library_functions,
-    opaque_rewrite_functions,
-    rewrite_library_modules,
-)
-from ._unit.checkpoint import (
-    KEY,
-    Record,
-    decode,
-    encode,
-    record_in_config,
-)
+from ._capture.library import LibraryRewrite
+from ._capture.opaque import UNIT_SCALED_FUNCTIONS
+from ._unit.checkpoint import KEY, decode, encode, record_in_config
 from ._unit.graph_pass import UnitScalingPass
-from ._unit.params import (
-    unit_init_layers,
-)
 from ._unit.report import UnitScaleReport
-from ._unit.rules import (
-    UNIT_SCALED_FUNCTIONS,
-)
-from ._unit.tags import tag_structure
+from ._unit.setup import load_record, setup, unit_pass_of
 
 __all__ = [
     "UNIT_SCALED_FUNCTIONS",
@@ -197,12 +181,7 @@ def unit_scale(
         graph_pass=UnitScalingPass(
             function_replacements, rule, residual_name=_residual_name(residual_scaling)
         ),
-        non_recurse=(
-            *UNIT_SCALED_FUNCTIONS,
-            *function_replacements,
-            *opaque_library_functions(module),
-            *opaque_rewrite_functions(),
-        ),
+        non_recurse=(*UNIT_SCALED_FUNCTIONS, *function_replacements),
         after_first_call=(
             check_replacements,
             lambda state: state.pass_of(UnitScalingPass).count_branches(state),
@@ -214,115 +193,16 @@ def unit_scale(
             ),
         ),
         attributes=(("unit_scale_report", _ReportOf),),
+        rewrite=LibraryRewrite(tuple(module_replacements.items())),
+        setup=functools.partial(
+            setup,
+            replaced=frozenset(module_replacements),
+            record=record,
+            where=where,
+            init_weights=init_weights,
+        ),
     )
-    result = apply_transform(module, transform)
-    state = transform_state(result)
-    assert state is not None
-    matched = rewrite_library_modules(result, module_replacements)
-    for cls in module_replacements.keys() - matched:
-        warnings.warn(
-            f"unit_scale: replace key {cls.__qualname__} matched no submodule",
-            UserWarning,
-            stacklevel=2,
-        )
-    own_pass = state.pass_of(UnitScalingPass)
-    params = list(result.named_parameters(remove_duplicate=False))
-    if record is not None:
-        own_pass.restore(record, where)
-    keep = _weights_to_keep(params, init_weights, record, type(module).__name__)
-    done = unit_init_layers(result, skip=keep)
-    records = tag_structure(result)
-    for name, p in params:
-        own_pass.report.tags[name] = records[id(p)]
-    own_pass.initialised.update(
-        name for name, p in params if id(p) in done or id(p) in keep
-    )
-    result.register_state_dict_post_hook(_save_record)  # type: ignore[no-untyped-call]
-    result.register_load_state_dict_pre_hook(_load_record)  # type: ignore[no-untyped-call]
-    return result
-
-
-def _weights_to_keep(
-    params: list[tuple[str, nn.Parameter]],
-    init_weights: bool | None,
-    record: Record | None,
-    model: str,
-) -> set[int]:
-    """Ids of the parameters ``unit_scale`` leaves as they are (see its
-    ``init_weights``), with the choice logged."""
-    if init_weights is True:
-        logger.info("unit_scale: initialising every weight (init_weights=True)")
-        return set()
-    if init_weights is False or record is not None:
-        if record is not None:
-            logger.warning(
-                "unit_scale: %s records that it was trained unit-scaled (its "
-                "config's %r): keeping its weights and the recorded scales (pass "
-                "init_weights=True to initialise it again)",
-                model,
-                KEY,
-            )
-        else:
-            logger.info("unit_scale: keeping every weight (init_weights=False)")
-        return {id(p) for _, p in params}
-    tagged = {id(p) for _, p in params if getattr(p, "mup_type", None) is not None}
-    if tagged:
-        logger.info(
-            "unit_scale: keeping %d parameter(s) that carry u-μP tags (unit-scaled "
-            "by construction)",
-            len(tagged),
-        )
-    return tagged
-
-
-def _save_record(
-    module: nn.Module, state_dict: dict[str, Any], prefix: str, metadata: Any
-) -> None:
-    """State-dict hook: the record of what ``unit_scale`` measured, in the
-    state dict's metadata."""
-    state = transform_state(module)
-    unit_pass = state.pass_of(UnitScalingPass) if state is not None else None
-    if unit_pass is not None:
-        metadata[KEY] = encode(unit_pass.record())
-
-
-def _load_record(
-    module: nn.Module,
-    state_dict: dict[str, Any],
-    prefix: str,
-    metadata: Any,
-    *args: Any,
-) -> None:
-    """Load-state-dict hook: take the record of the state dict being loaded
-    (which says which of its parameters were initialised, and what was
-    measured), and capture again at the next call if this model has run
-    already. A state dict without one (``torch.distributed.checkpoint`` drops
-    the metadata) holds deliberate weights all the same: none of them is
-    initialised again."""
-    found = metadata.get(KEY) if isinstance(metadata, dict) else None
-    if found is not None:
-        load_checkpoint_record(module, found)
-        return
-    state = transform_state(module)
-    unit_pass = state.pass_of(UnitScalingPass) if state is not None else None
-    if unit_pass is not None:
-        unit_pass.initialised.update(
-            key[len(prefix) :] for key in state_dict if key.startswith(prefix)
-        )
-
-
-def _unit_pass(module: nn.Module, op: str) -> UnitScalingPass:
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"{op}: expected an nn.Module, got {type(module).__name__}")
-    state = transform_state(module)
-    unit_pass = state.pass_of(UnitScalingPass) if state is not None else None
-    if unit_pass is None:
-        raise ValueError(
-            f"{op}: {type(module).__name__} was not made by unit_scale (a native "
-            "uu model needs no record: its state dict is all there is)"
-        )
-    assert isinstance(unit_pass, UnitScalingPass)
-    return unit_pass
+    return apply_transform(module, transform)
 
 
 def checkpoint_record(module: nn.Module) -> dict[str, Any]:
@@ -342,7 +222,7 @@ def checkpoint_record(module: nn.Module) -> dict[str, Any]:
         >>> checkpoint_record(model)["format"]
         1
     """
-    return encode(_unit_pass(module, "checkpoint_record").record())
+    return encode(unit_pass_of(module, "checkpoint_record").record())
 
 
 def load_checkpoint_record(module: nn.Module, record: dict[str, Any]) -> None:
@@ -367,11 +247,7 @@ def load_checkpoint_record(module: nn.Module, record: dict[str, Any]) -> None:
         >>> torch.equal(again(x), y)
         True
     """
-    unit_pass = _unit_pass(module, "load_checkpoint_record")
-    unit_pass.restore(decode(record, "load_checkpoint_record"), "the record")
-    state = transform_state(module)
-    if state is not None and state.calls:
-        recapture(module)
+    load_record(module, record, "load_checkpoint_record")
 
 
 def _residual_name(residual_scaling: str | Callable[[int, int], float]) -> str:

@@ -2,16 +2,29 @@
 
 A transform (``unit_scale``, ``simulate_format``, ``track_scales``, ``compile``)
 is a frozen :class:`Transform`: a graph pass, the place it takes in a chain
-(:class:`Place`), how graphs are executed, and hooks around each call. Applying
-one to a module returns a copy whose ``forward`` is a :class:`TransformedForward`
-holding the module's :class:`TransformConfig` (the frozen chain of transforms,
-ordered by place whatever order the user applied them in) and its
-:class:`RunState` (what happens at run time: captured graphs, replays, the
-passes' own state, which copies of the module start afresh).
+(:class:`Place`), how graphs are executed, how the module is prepared and set up,
+and hooks around each call. The entry point builds its ``Transform`` and calls
+:func:`apply_transform` once; the engine owns the module's journey from there,
+each stage once, in order:
 
-At every eager call the forward runs through TorchDynamo with our backend. For
-each graph Dynamo captures, the backend runs the passes in place order (each may
-need the real example inputs: a :class:`CapturePass` receives them in a
+1. **copy**: a deep copy of the module, without an earlier transform's wrapper
+   (the user's module is never modified);
+2. **prepare** (a capture step, for a transform with a ``rewrite``): layers
+   TorchDynamo records as opaque calls are rewritten, on the copy, into the
+   functions they compute (``library.prepare``), and the library functions to
+   keep whole join the transform's ``non_recurse``;
+3. **chain**: the transform joins the module's :class:`TransformConfig` (the
+   frozen chain, ordered by place whatever order the user applied them in), and a
+   :class:`RunState` starts (what happens at run time: captured graphs,
+   replays, the passes' own state, which copies of the module start afresh);
+4. **install**: the copy's ``forward`` becomes a :class:`TransformedForward`,
+   and the transform's attributes are bound;
+5. **set up**: the transform's ``setup(copy, run_state, prepared)`` (``unit_scale``
+   restores a checkpoint's record, initialises and tags the parameters).
+
+Then, at every eager call, the forward runs through TorchDynamo with our backend.
+For each graph Dynamo captures, the backend runs the passes in place order (each
+may need the real example inputs: a :class:`CapturePass` receives them in a
 :class:`CaptureContext`), then executes the graph eagerly or with the chain's
 backend. A first eager call with a given input signature also records how to
 replay its graph (``replay``), for an outer ``torch.compile`` or a dispatch mode.
@@ -39,6 +52,7 @@ from torch.fx import GraphModule
 from ..._torch_internals import fsdp_unsharded_parameters, pytree
 from . import dynamo
 from .fallbacks import fell_back
+from .library import LibraryRewrite, Prepared, prepare
 from .replay import InputSpec, Replay, input_specs, record, signature_key
 
 __all__ = [
@@ -142,6 +156,10 @@ class Transform:
         after_call: ``hook(run_state, output)`` after every eager call.
         attributes: ``(name, factory)``: module attributes built from the run
             state, e.g. ``track_scales``' ``scales_graph``.
+        rewrite: how to prepare the copy before capture (the library rewrite,
+            ``library.prepare``); ``None``: it is captured as it is.
+        setup: ``setup(module, run_state, prepared)``, once, on the prepared
+            copy with its run state, before its first call.
     """
 
     name: str
@@ -155,6 +173,8 @@ class Transform:
     after_first_call: tuple[Callable[[RunState], None], ...] = ()
     after_call: tuple[Callable[[RunState, Any], None], ...] = ()
     attributes: tuple[tuple[str, Callable[[RunState], Any]], ...] = ()
+    rewrite: LibraryRewrite | None = None
+    setup: Callable[[nn.Module, RunState, Prepared], None] | None = None
 
     def __post_init__(self) -> None:
         if not self.label:
@@ -167,8 +187,8 @@ class TransformConfig:
 
     transforms: tuple[Transform, ...] = ()
 
-    def then(self, transform: Transform) -> TransformConfig:
-        """This chain with ``transform`` added at its place.
+    def check(self, transform: Transform) -> None:
+        """Whether ``transform`` may join this chain (before any work is done).
 
         Raises:
             ValueError: for a backend after a transform that runs eagerly.
@@ -180,6 +200,14 @@ class TransformConfig:
                 f"model eagerly to observe every op, so it must be applied last; "
                 f"apply {transform.name} first, then {eager}"
             )
+
+    def then(self, transform: Transform) -> TransformConfig:
+        """This chain with ``transform`` added at its place.
+
+        Raises:
+            ValueError: for a backend after a transform that runs eagerly.
+        """
+        self.check(transform)
         ordered = sorted((*self.transforms, transform), key=lambda t: t.place)
         at = ordered.index(transform)
         if at + 1 < len(ordered):  # the others keep their order
@@ -570,23 +598,35 @@ def _warn_graph_breaks(module: nn.Module, graphs: int, reasons: Counter[str]) ->
 def apply_transform(module: M, transform: Transform) -> M:
     """Return a copy of ``module`` whose forward runs the rewritten Dynamo graph.
 
-    Composes with earlier transforms: the copy's chain is the module's chain with
-    ``transform`` added at its place (:meth:`TransformConfig.then`).
+    The module's whole journey, each stage once (see the module docstring):
+    copy, prepare, chain, install, set up. Composes with earlier transforms: the
+    copy's chain is the module's chain with ``transform`` added at its place
+    (:meth:`TransformConfig.then`).
 
     Raises:
         TypeError: if ``module`` is not an ``nn.Module``.
+        ValueError: if ``transform`` may not follow the module's chain.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(
             f"expected an nn.Module to transform, got {type(module).__name__}"
         )
     previous = transform_state(module)
-    config = (previous.config if previous else TransformConfig()).then(transform)
-    state = RunState.start(config, previous)
-    copied = _copy_untransformed(module, previous)
-    object.__setattr__(copied, _STATE_ATTR, state)
+    chain = previous.config if previous else TransformConfig()
+    chain.check(transform)
+    copied = _copy_untransformed(module, previous)  # 1. copy
+    prepared = Prepared()
+    if transform.rewrite is not None:  # 2. prepare
+        prepared = prepare(copied, transform.rewrite)
+        transform = dataclasses.replace(
+            transform, non_recurse=(*transform.non_recurse, *prepared.opaque)
+        )
+    state = RunState.start(chain.then(transform), previous)  # 3. chain
+    object.__setattr__(copied, _STATE_ATTR, state)  # 4. install
     object.__setattr__(copied, "forward", TransformedForward(copied, state))
     _bind_attributes(copied, state)
+    if transform.setup is not None:  # 5. set up
+        transform.setup(copied, state, prepared)
     return copied
 
 

@@ -1,4 +1,5 @@
-"""Rewrite torch's ``nn.MultiheadAttention`` into the functions it computes.
+"""The capture step that prepares a module: layers TorchDynamo cannot see into
+rewritten as the functions they compute (:func:`prepare`).
 
 TorchDynamo records ``nn.MultiheadAttention`` as one opaque call, which unit
 scaling cannot see into; :class:`AttentionFunctions` computes the same function
@@ -8,10 +9,14 @@ other libraries write by hand, such as RMSNorm, tanh GELU or GPT-2's ``Conv1D``,
 need no such rewrite: the graph rules of ``_unit.patterns`` and ``_unit.recognise``
 recognise what they compute.) User-listed classes in ``replace=`` are swapped
 for :class:`CallReplacement` here too.
+
+The engine runs this step on its copy of the module, before anything is
+captured, for a transform that asks for it (``Transform.rewrite``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from collections.abc import Callable
@@ -25,7 +30,7 @@ from ..._standins import normal, seeded
 from ..._torch_internals import mha_packed_projection
 from .fallbacks import fell_back
 
-__all__ = ["rewrite_library_modules"]
+__all__ = ["LibraryRewrite", "Prepared", "prepare", "rewrite_library_modules"]
 
 logger = logging.getLogger("unit_scaling.transforms.unit_scale")
 
@@ -300,3 +305,29 @@ def rewrite_library_modules(
             if new is not None:
                 setattr(parent, child_name, new)
     return matched
+
+
+@dataclasses.dataclass(frozen=True)
+class LibraryRewrite:
+    """What :func:`prepare` does to a transform's copy of the module: the known
+    library layers rewritten, and each submodule of a class in ``replacements``
+    replaced by a call of its function (``unit_scale``'s ``replace=``)."""
+
+    replacements: tuple[tuple[type[nn.Module], Callable[..., Any]], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What :func:`prepare` found: the functions to keep whole while tracing
+    (library functions defined beside the module's layers, and our rewrites'
+    own), and the classes of ``replacements`` that matched a submodule."""
+
+    opaque: tuple[Callable[..., Any], ...] = ()
+    matched: frozenset[type[nn.Module]] = frozenset()
+
+
+def prepare(module: nn.Module, rewrite: LibraryRewrite) -> Prepared:
+    """Prepare ``module`` (the engine's own copy) for capture, in place."""
+    opaque = (*opaque_library_functions(module), *opaque_rewrite_functions())
+    matched = rewrite_library_modules(module, dict(rewrite.replacements))
+    return Prepared(opaque, frozenset(matched))
