@@ -364,25 +364,49 @@ def table(runs: Runs, config: str) -> str:
 
 
 def lr_check(runs: Runs, config: str) -> str:
+    """u-μP at the recommended lr and one step either side, at every width where
+    a run off the recommended lr is stored (width 64 always has them); each
+    row's means are over the seeds every lr in the row has, so the lrs are
+    compared on the same seeds."""
     lr = math.log2(uu.RECOMMENDED.lr)
-    cells, found = [], {}
-    for d in (-1, 0, 1):
-        v = loss(runs, Task(config, "u-μP", WIDTHS[0], lr + d, 0))
-        cells.append("not run" if v is None else f"{v:.3f}")
-        if v is not None:
-            found[lr + d] = v
-    table = markdown_table(
-        (f"width {WIDTHS[0]}, seed 0", *(f"lr 2^{lr + d:g}" for d in (-1, 0, 1))),
-        [("u-μP, recommended multipliers", *cells)],
-    )
-    if len(found) == 3 and min(found, key=found.__getitem__) != lr:
-        best = min(found, key=found.__getitem__)
-        table += (
-            f"\n\nHere lr 2^{best:g} beats the recommended 2^{lr:g} by "
-            f"{found[lr] - found[best]:.3f} (one seed, one width; the grid stops "
-            "there, so the optimum may lie further)."
+    steps = (lr - 1, lr, lr + 1)
+    rows, notes = [], []
+    for width in WIDTHS:
+        by_lr = {
+            x: {
+                s: v
+                for s in SEEDS
+                if (v := loss(runs, Task(config, "u-μP", width, x, s))) is not None
+            }
+            for x in steps
+        }
+        ran = [x for x in steps if by_lr[x]]
+        common = sorted(set.intersection(*(set(by_lr[x]) for x in ran))) if ran else []
+        if width != WIDTHS[0] and (not common or ran == [lr]):
+            continue
+        means = {x: statistics.fmean(by_lr[x][s] for s in common) for x in ran}
+        seeds_text = ("seed " if len(common) == 1 else "seeds ") + ", ".join(
+            map(str, common)
         )
-    return table
+        rows.append(
+            (
+                f"width {width}, {seeds_text}" if common else f"width {width}",
+                *(f"{means[x]:.3f}" if x in means else "not run" for x in steps),
+            )
+        )
+        best = min(means, key=means.__getitem__) if means else lr
+        if len(means) > 1 and best != lr:
+            edge = "; the grid stops there, so the optimum may lie further"
+            notes.append(
+                f"At width {width} lr 2^{best:g} beats the recommended 2^{lr:g} by "
+                f"{means[lr] - means[best]:.3f} ({seeds_text}"
+                + (edge if best in (steps[0], steps[-1]) else "")
+                + ")."
+            )
+    table = markdown_table(
+        ("u-μP, recommended multipliers", *(f"lr 2^{x:g}" for x in steps)), rows
+    )
+    return table + "".join(f"\n\n{n}" for n in notes)
 
 
 def plot(runs: Runs, path: Path) -> None:
@@ -497,7 +521,7 @@ def report(runs: Runs, out: Path, seconds: float | None) -> None:
             f"- (a) u-μP better at width 512 than at 64: {gain}.\n"
             f"- (b) u-μP no worse than SP at every width: {versus}.\n\n"
             f"{table(runs, name)}\n\nIs the recommended lr near u-μP's optimum at "
-            f"this shape? (seed 0, width {WIDTHS[0]})\n\n{lr_check(runs, name)}\n"
+            f"this shape?\n\n{lr_check(runs, name)}\n"
         )
     r = uu.RECOMMENDED
     timing = (

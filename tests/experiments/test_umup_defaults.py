@@ -3,6 +3,7 @@ which runs it asks for, how SP's sweep widens, and the verdicts it writes."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -112,3 +113,23 @@ def test_the_page_says_what_is_missing(ud: ModuleType, tmp_path: Path) -> None:
     count, minutes = ud.remaining(runs)
     assert count > 0 and minutes > 0
     assert (tmp_path / "umup_defaults.png").stat().st_size > 10_000
+
+
+def test_lr_check_compares_the_lrs_on_the_seeds_they_share(ud: ModuleType) -> None:
+    lr = math.log2(ud.uu.RECOMMENDED.lr)
+    runs = {
+        ud.Task("C", "u-μP", 64, lr + d, 0).key: {"loss": v}
+        for d, v in ((-1, 1.74), (0, 1.65), (1, 1.59))
+    }
+    for seed, (at, above) in enumerate(((1.40, 1.38), (1.41, 1.37), (1.40, None))):
+        runs[ud.Task("C", "u-μP", 256, lr, seed).key] = {"loss": at}
+        if above is not None:
+            runs[ud.Task("C", "u-μP", 256, lr + 1, seed).key] = {"loss": above}
+    text = ud.lr_check(runs, "C")
+    assert "| width 64, seed 0 | 1.740 | 1.650 | 1.590 |" in text
+    # seed 2 has no run at lr 2^1, so width 256 compares seeds 0 and 1 only
+    assert "| width 256, seeds 0, 1 | not run | 1.405 | 1.375 |" in text
+    assert "At width 256 lr 2^1 beats the recommended 2^0 by 0.030" in text
+    # widths with only the recommended lr stored are not rows
+    assert "width 128" not in text and "width 512" not in text
+    assert "not run | not run | not run" in ud.lr_check({}, "B")
