@@ -124,30 +124,40 @@ class Task:
 
 
 def train_one(task: Task) -> dict[str, float]:
+    return train_shape(
+        CONFIGS[task.config], task.side, task.width, task.log2_lr, task.seed
+    )
+
+
+def train_shape(
+    shape: Shape, side: str, width: int, log2_lr: float, seed: int
+) -> dict[str, float]:
+    """One run of ``side`` ("SP" or "u-μP", at ``RECOMMENDED``'s multipliers) of
+    ``shape`` at ``width`` and lr ``2**log2_lr``, on one CPU thread; the seed
+    sets the weights and the order of the training batches."""
     torch.set_num_threads(1)
-    shape = CONFIGS[task.config]
     corpus = Corpus()
-    torch.manual_seed(task.seed)
-    if task.side == "u-μP":
+    torch.manual_seed(seed)
+    if side == "u-μP":
         model = uu.TransformerDecoder(
-            hidden_size=task.width,
+            hidden_size=width,
             vocab_size=256,
             layers=shape.layers,
-            heads=task.width // 32,
+            heads=width // 32,
             **uu.RECOMMENDED.multipliers,
         )
         optimizer: torch.optim.Optimizer = uu.optim.AdamW(
-            model.parameters(), lr=2.0**task.log2_lr
+            model.parameters(), lr=2.0**log2_lr
         )
     else:
-        model = make_model("SP", task.width, shape.layers, task.seed)
+        model = make_model("SP", width, shape.layers, seed)
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=2.0**task.log2_lr, weight_decay=0.0
+            model.parameters(), lr=2.0**log2_lr, weight_decay=0.0
         )
     curve = train(
         model,
         optimizer,
-        corpus.batches("train", shape.batch_size, shape.seq_len, seed=task.seed),
+        corpus.batches("train", shape.batch_size, shape.seq_len, seed=seed),
         shape.steps,
         validation_set(corpus, VAL_BATCHES, shape.batch_size, shape.seq_len),
         warmup=shape.warmup,

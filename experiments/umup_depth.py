@@ -1,0 +1,359 @@
+"""What moves u-μP's best learning rate between configurations: depth, or the rest?
+
+At the recommended values configuration C of ``umup_defaults.py`` (8 layers,
+32×128 tokens, 500 steps) trains better at lr 2^1 than at the recommended 2^0, at
+widths 64 and 256, while A (2 layers, 16×64 tokens, 200 steps) and B (4 layers,
+16×256 tokens, 1,000 steps) do best at 2^0. u-μP's rules multiply every hidden
+weight's lr by depth^-½ (``uu.optim.lr_scale_for_depth``, depth = the number of
+layers) so that the optimum stays where it is as layers are added. This script
+separates what C changes:
+
+- **depth alone**: A's shape (sequence 64, batch 16, 200 steps) at 2, 4, 8 and 16
+  layers;
+- **the rest alone**: C's shape (sequence 128, batch 32, 500 steps) at 2 layers
+  beside its own 8.
+
+Each at width 64 (``--widths`` adds others), u-μP at ``RECOMMENDED``'s
+multipliers, lr on a ×2 grid from 2^-1 to 2^2, widened by a step while the
+optimum (mean over the seeds) is at an edge; seeds 0 and 1, which read the same
+batches at every lr. A run that ``umup_defaults.py`` already stored (the shapes of
+A and C themselves) is read from its cache instead of trained again.
+
+Every finished run is added to ``--cache`` as it finishes, so the script resumes::
+
+    python experiments/umup_depth.py --jobs 2
+    python experiments/umup_depth.py --report   # the page from stored runs
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from _common import DOCS, markdown_table, reflow
+from umup_defaults import CACHE as DEFAULTS_CACHE
+from umup_defaults import CONFIGS, Runs, Shape, load, save, train_shape
+
+import unit_scaling as uu
+
+SEEDS = (0, 1)
+WIDTHS = (64,)
+GRID = (-1, 0, 1, 2)  # log2 lr, before any widening
+MAX_WIDENING = 2  # grid steps the sweep may widen on each side
+CACHE = DOCS / "umup_depth_runs.json"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One shape: configuration ``base``'s sequence, batch and steps at
+    ``layers`` layers."""
+
+    base: str
+    layers: int
+
+    @property
+    def shape(self) -> Shape:
+        return dataclasses.replace(CONFIGS[self.base], layers=self.layers)
+
+    @property
+    def label(self) -> str:
+        shape = self.shape
+        itself = self.layers == CONFIGS[self.base].layers
+        own = f" ({self.base} itself)" if itself else ""
+        return (
+            f"{self.base}'s shape ({shape.batch_size}×{shape.seq_len} tokens, "
+            f"{shape.steps} steps), {self.layers} layers{own}"
+        )
+
+
+PROBES = (
+    *(Probe("A", layers) for layers in (2, 4, 8, 16)),
+    Probe("C", 2),
+    Probe("C", 8),
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    probe: Probe
+    width: int
+    log2_lr: float
+    seed: int
+
+    @property
+    def key(self) -> str:
+        """``umup_defaults.py``'s key for the configurations' own shapes (so
+        their stored runs are found), the configuration with its depth for the
+        others."""
+        probe = self.probe
+        name = probe.base
+        if probe.layers != CONFIGS[probe.base].layers:
+            name += f"@{probe.layers}layers"
+        multipliers = ",".join(
+            f"{k}={v:g}" for k, v in sorted(uu.RECOMMENDED.multipliers.items())
+        )
+        return f"{name}/u-μP/{self.width}/{self.log2_lr:g}/{self.seed}/{multipliers}"
+
+    @property
+    def cost(self) -> float:
+        shape = self.probe.shape
+        return shape.steps * shape.batch_size * shape.seq_len * (shape.layers + 1)
+
+
+def train_run(run: Run) -> dict[str, float]:
+    return train_shape(run.probe.shape, "u-μP", run.width, run.log2_lr, run.seed)
+
+
+def loss(runs: Runs, run: Run) -> float | None:
+    found = runs.get(run.key)
+    if found is None:
+        return None
+    value = found["loss"]
+    return math.inf if value is None or not math.isfinite(value) else float(value)
+
+
+def sweep(runs: Runs, probe: Probe, width: int) -> dict[float, float | None]:
+    """log2 lr -> mean loss over the seeds (None while a seed is missing), the
+    grid widened by a step while its optimum is at an edge."""
+    low, high = GRID[0], GRID[-1]
+    while True:
+        grid: dict[float, float | None] = {}
+        for x in range(low, high + 1):
+            found = [loss(runs, Run(probe, width, x, s)) for s in SEEDS]
+            values = [v for v in found if v is not None]
+            grid[x] = statistics.fmean(values) if len(values) == len(SEEDS) else None
+        if any(v is None for v in grid.values()):
+            return grid
+        best = min(grid, key=lambda x: grid[x])  # type: ignore[arg-type,return-value]
+        if best == low and low > GRID[0] - MAX_WIDENING:
+            low -= 1
+        elif best == high and high < GRID[-1] + MAX_WIDENING:
+            high += 1
+        else:
+            return grid
+
+
+def best_lr(runs: Runs, probe: Probe, width: int) -> float | None:
+    """The optimum of the finished sweep (log2 lr); None while it is unfinished."""
+    grid = sweep(runs, probe, width)
+    if any(v is None for v in grid.values()):
+        return None
+    return min(grid, key=lambda x: grid[x])  # type: ignore[arg-type,return-value]
+
+
+def needed(runs: Runs, widths: Iterable[int]) -> list[Run]:
+    """The runs still missing that the stored ones make known, longest first."""
+    todo = [
+        Run(probe, width, x, seed)
+        for probe in PROBES
+        for width in widths
+        for x in sweep(runs, probe, width)
+        for seed in SEEDS
+    ]
+    return sorted(
+        (r for r in todo if r.key not in runs), key=lambda r: r.cost, reverse=True
+    )
+
+
+def stored(cache: Path) -> Runs:
+    """This experiment's runs over ``umup_defaults.py``'s (its keys are shared
+    for the configurations' own shapes)."""
+    return {**load(DEFAULTS_CACHE), **load(cache)}
+
+
+def run(widths: list[int], jobs: int, cache: Path) -> float:
+    """Trains the missing runs, saving each to ``cache`` as it finishes."""
+    start = time.perf_counter()
+    context = multiprocessing.get_context("spawn")
+    while todo := needed(stored(cache), widths):
+        print(f"{len(todo)} runs to train", flush=True)
+        with context.Pool(min(jobs, len(todo))) as pool:
+            for task, result in zip(todo, pool.imap(train_run, todo), strict=True):
+                runs = load(cache)
+                runs[task.key] = result
+                save(runs, cache)
+                print(
+                    f"[{time.perf_counter() - start:6.0f} s] {task.key}: "
+                    f"{result['loss']:.3f} ({result['seconds']:.0f} s)",
+                    flush=True,
+                )
+    return time.perf_counter() - start
+
+
+# -- the page ------------------------------------------------------------------
+
+
+def depth_factor(layers: int) -> float:
+    """log2 of the factor u-μP's rules put on a hidden weight's lr at this depth."""
+    return -0.5 * math.log2(layers)
+
+
+def findings(runs: Runs, width: int) -> list[str]:
+    """What the finished sweeps say: each probe's optimum, and whether depth or
+    the rest of C moves it."""
+    lr = math.log2(uu.RECOMMENDED.lr)
+    notes = []
+    for probe in PROBES:
+        best = best_lr(runs, probe, width)
+        if best is None:
+            notes.append(f"{probe.label}: sweep not finished.")
+            continue
+        grid = sweep(runs, probe, width)
+        at_rec = grid.get(lr)
+        cost = (
+            f", {at_rec - grid[best]:.3f} better than at the recommended 2^{lr:g}"  # type: ignore[operator]
+            if at_rec is not None and best != lr
+            else ""
+        )
+        edge = " (at the widened grid's edge)" if best in (min(grid), max(grid)) else ""
+        effective = best + depth_factor(probe.layers)
+        notes.append(
+            f"{probe.label}: best lr 2^{best:g}{edge}{cost}; a hidden weight's lr "
+            f"there is 2^{effective:g} after the depth rule."
+        )
+    return notes
+
+
+def table(runs: Runs, width: int) -> str:
+    grids = {p: sweep(runs, p, width) for p in PROBES}
+    xs = sorted({x for g in grids.values() for x in g})
+    rows = []
+    for probe, grid in grids.items():
+        best = best_lr(runs, probe, width)
+        cells = []
+        for x in xs:
+            value = grid.get(x)
+            text = "—" if value is None else f"{value:.3f}"
+            cells.append(f"**{text}**" if x == best else text)
+        rows.append((probe.label, *cells, "—" if best is None else f"2^{best:g}"))
+    header = ("shape", *(f"lr 2^{x:g}" for x in xs), "best")
+    return markdown_table(header, rows)
+
+
+def plot(runs: Runs, path: Path, width: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (
+        ("A", False, "A's shape: loss against the lr you set"),
+        (
+            "A",
+            True,
+            "A's shape: against a hidden weight's lr\n(lr/√depth, u-μP's rule)",
+        ),
+        ("C", False, "C's shape: loss against the lr you set"),
+    )
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2))
+    colours = plt.get_cmap("viridis")
+    depths = sorted({p.layers for p in PROBES})
+    for ax, (base, effective, title) in zip(axes, panels, strict=True):
+        for probe in (p for p in PROBES if p.base == base):
+            grid = {x: v for x, v in sweep(runs, probe, width).items() if v is not None}
+            if not grid:
+                continue
+            shift = depth_factor(probe.layers) if effective else 0.0
+            xs = [x + shift for x in grid]
+            colour = colours(depths.index(probe.layers) / max(1, len(depths) - 1))
+            ax.plot(
+                xs,
+                list(grid.values()),
+                "o-",
+                color=colour,
+                label=f"{probe.layers} layers",
+            )
+            best = min(grid, key=grid.__getitem__)
+            ax.plot(best + shift, grid[best], "*", color=colour, markersize=14)
+        if not effective:
+            ax.axvline(
+                math.log2(uu.RECOMMENDED.lr),
+                color="grey",
+                ls="--",
+                lw=1,
+                label="recommended lr",
+            )
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("log2 lr" + (" × depth^-½" if effective else ""))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel(f"validation loss, mean of seeds {SEEDS} (★ best)")
+    fig.suptitle(f"u-μP at the recommended multipliers, width {width}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report(runs: Runs, out: Path, widths: Iterable[int], seconds: float | None) -> None:
+    keys = {r.key for r in _known(runs, widths)}
+    own = {k: v for k, v in runs.items() if k in keys}
+    core_minutes = sum(v["seconds"] for v in own.values()) / 60
+    timing = (
+        f" This invocation: {seconds / 60:.1f} min on {os.cpu_count()} CPU cores."
+        if seconds
+        else ""
+    )
+    sections = []
+    for width in widths:
+        image = f"umup_depth_{width}.png"
+        plot(runs, out / image, width)
+        notes = "\n".join(f"- {n}" for n in findings(runs, width))
+        sections.append(
+            f"## Width {width}\n\n![loss against lr by depth]({image})\n\n"
+            f"Validation loss, mean of seeds {', '.join(map(str, SEEDS))}; the "
+            f"best of each row in bold.\n\n{table(runs, width)}\n\n{notes}\n"
+        )
+    missing = needed(runs, widths)
+    text = f"""# What moves u-μP's best learning rate: depth, or the rest?
+
+`python experiments/umup_depth.py` (see its docstring) sweeps u-μP's learning rate
+at the recommended multipliers (`unit_scaling.RECOMMENDED`) on shapes between
+configurations A and C of [u-μP out of the box](umup_defaults.md): A's sequence,
+batch and steps at 2 to 16 layers (depth alone), and C's at 2 layers beside its
+own 8 (the rest alone). u-μP's rules give a hidden weight lr × depth^-½, which
+should hold the best lr in place as depth grows.
+
+**Compute.** {len(own)} runs, {core_minutes:.0f} core-minutes (one CPU thread a
+run, on a 2-core machine beside other work: upper bounds).{timing}
+{f"Still to run: {len(missing)}." if missing else "Every sweep is finished."}
+
+{chr(10).join(sections)}"""
+    (out / "umup_depth.md").write_text(reflow(text))
+
+
+def _known(runs: Runs, widths: Iterable[int]) -> list[Run]:
+    return [
+        Run(probe, width, x, seed)
+        for probe in PROBES
+        for width in widths
+        for x in sweep(runs, probe, width)
+        for seed in SEEDS
+    ]
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--widths", nargs="+", type=int, default=list(WIDTHS))
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--cache", type=Path, default=CACHE)
+    parser.add_argument("--out", type=Path, default=DOCS)
+    parser.add_argument("--report", action="store_true", help="only write the page")
+    args = parser.parse_args()
+    if any(w % 32 for w in args.widths):
+        sys.exit("widths must be multiples of 32 (the head size)")
+    seconds = None if args.report else run(args.widths, args.jobs, args.cache)
+    report(stored(args.cache), args.out, args.widths, seconds)
+
+
+if __name__ == "__main__":
+    main()
