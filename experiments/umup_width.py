@@ -28,10 +28,13 @@ removed, beside the model as it is:
   the readout gets u-μP's ``"output"`` rule); tied, with the shared table's
   learning rate by the ``"output"`` rule; and untied with each ``Conv1D``
   weight's learning rate taken from its true fan-in. GPT-2's ``Conv1D`` stores
-  its weight as ``(in, out)``, but :func:`unit_scaling.optim.fan_in` reads
-  ``shape[1]`` of a 2-D weight, so ``c_attn``'s lr is √3 too small, ``c_fc``'s
-  2× too small and the MLP's ``c_proj``'s 2× too large (a constant factor at
-  every width, so not a cause of the width trend; measured here for its size).
+  its weight as ``(in, out)``; read from the shape, as ``unit_scale`` did before
+  2026-11-26, the fan-in is ``shape[1]``, so ``c_attn``'s lr is √3 too small,
+  ``c_fc``'s 2× too small and the MLP's ``c_proj``'s 2× too large (a constant
+  factor at every width, so not a cause of the width trend; measured here for
+  its size). ``unit_scale`` now tags each with its true fan-in (``mup_fan_in``);
+  the GPT-2 variants but the last keep the shape's, which they were measured
+  with.
 
 Each finished run is added to ``--cache`` (JSON) as it finishes; run again, it
 trains only what is missing. Writes ``umup_width.md`` and ``umup_width.png``::
@@ -91,9 +94,14 @@ VARIANTS = {  # name -> what it is, for the page
     "gpt2, tied, output rule": (
         "tied, the shared table at the output rule's lr (unit_scale's tag since)"
     ),
-    "gpt2, untied": "unit_scale(GPT-2), lr 2^-1, tie_word_embeddings=False",
+    "gpt2, untied": (
+        "unit_scale(GPT-2), lr 2^-1, tie_word_embeddings=False, Conv1D weights' "
+        "lr from shape[1] (unit_scale's rule before 2026-11-26, as every GPT-2 "
+        "row above)"
+    ),
     "gpt2, untied, Conv1D fan-in": (
-        "the same, Conv1D weights' lr from their true fan-in (shape[0])"
+        "the same, Conv1D weights' lr from their true fan-in (shape[0]; "
+        "unit_scale's tag since)"
     ),
 }
 
@@ -153,7 +161,9 @@ def _gpt2(task: Task) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         for group in optimizer.param_groups:
             if group["params"][0] is table:
                 group["lr"] = lr
-    if "fan-in" in task.variant:
+    if "fan-in" not in task.variant:
+        # The rule the other variants were measured with: the fan-in read from
+        # the shape, shape[1], where unit_scale now tags shape[0].
         conv1d = type(model.transformer.h[0].attn.c_attn)
         weights = {
             id(m.weight): m.weight.shape
@@ -162,8 +172,8 @@ def _gpt2(task: Task) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         }
         for group in optimizer.param_groups:
             shape = weights.get(id(group["params"][0]))
-            if shape is not None:  # lr ∝ 1/sqrt(fan_in): shape[1] -> shape[0]
-                group["lr"] *= math.sqrt(shape[1] / shape[0])
+            if shape is not None:  # lr ∝ 1/sqrt(fan_in): shape[0] -> shape[1]
+                group["lr"] *= math.sqrt(shape[0] / shape[1])
     return LanguageModel(scaled), optimizer
 
 
@@ -321,8 +331,9 @@ def findings(done: dict[str, dict[str, float]]) -> str:
             f"{_trend(untied)}. The lr error is the same factor at every width, "
             f"yet fixing it moves the loss by {change[0]:+.3f} at width "
             f"{WIDTHS[0]} and {change[-1]:+.3f} at {WIDTHS[-1]}: it matters, but "
-            "it is not what held GPT-2 back. Not fixed yet "
-            "([limitations](../limitations.md))."
+            "it is not what held GPT-2 back. `unit_scale` now tags each `Conv1D` "
+            "weight with its true fan-in (`mup_fan_in`), so this row is what "
+            "`unit_scale(GPT-2)` untied gets."
         )
     return "\n".join(f"- {item}" for item in items)
 

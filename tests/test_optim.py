@@ -38,11 +38,13 @@ class _Tagged(nn.Module):
         self.b = Parameter(torch.randn(8, generator=gen), "bias", 9)
         self.n = Parameter(torch.randn(5, generator=gen), "norm")
         self.o = Parameter(torch.randn(10, 8, generator=gen), "output", 4)
+        # stored (in, out), as GPT-2's Conv1D: the tag, not shape[1] = 4
+        self.t = Parameter(torch.randn(9, 4, generator=gen), "weight", mup_fan_in=9)
 
 
-# fan-ins: w 16, w3d 3·12 = 36, w1d 25; depths: w3d 4, b 9, o 4.
-ADAM = [1 / 4, 1 / 6 / 2, 1 / 5, 1 / 3, 1.0, 1 / 2]
-SGD_TO_OUTPUT_SCALE = [4.0, 6 / 2, 5.0, 8 / 3, 5.0, 1 / 2]
+# fan-ins: w 16, w3d 3·12 = 36, w1d 25, t 9 (tagged); depths: w3d 4, b 9, o 4.
+ADAM = [1 / 4, 1 / 6 / 2, 1 / 5, 1 / 3, 1.0, 1 / 2, 1 / 3]
+SGD_TO_OUTPUT_SCALE = [4.0, 6 / 2, 5.0, 8 / 3, 5.0, 1 / 2, 3.0]
 
 RULES: list[tuple[LRScaleFunc, list[float]]] = [
     (lr_scale_func_adam, ADAM),
@@ -174,6 +176,7 @@ def test_tags_mapping_survives_parameter_replacement() -> None:
     model = _Tagged()
     tags = mup_tags(model)
     assert tags["w3d"] == MupTags("weight", 4)
+    assert tags["t"] == MupTags("weight", None, 9)
     model.to("meta").to_empty(device="cpu")  # replaces every nn.Parameter
     assert not any(has_parameter_data(p) for p in model.parameters())
     with pytest.raises(ValueError, match=re.escape("'w' (shape (8, 16)) has no u-μP")):
@@ -198,6 +201,15 @@ def test_tags_mapping_tags_a_plain_model_and_wins() -> None:
     bad: dict[str, Any] = {"w": ("hidden", None)}
     with pytest.raises(ValueError, match="mup_type='hidden'"):
         scaled_parameters([("w", tagged)], lr_scale_func_adam, 1.0, tags=bad)
+    # a plain tuple may carry the fan-in; a malformed entry is named
+    as_tuple = {"w": ("weight", None, 64)}
+    groups = scaled_parameters([("w", tagged)], lr_scale_func_adam, 1.0, tags=as_tuple)
+    assert _lrs(groups) == [1 / 8]
+    for entry in ("weight", ("weight", None, 4, 1), ()):
+        with pytest.raises(ValueError, match=r"tags\['w'\] must be a MupTags"):
+            scaled_parameters(
+                [("w", tagged)], lr_scale_func_adam, 1.0, tags={"w": entry}
+            )
 
 
 def test_untagged_parameter_is_an_error_naming_it() -> None:

@@ -13,9 +13,14 @@ import torch
 from torch import Tensor, nn
 
 from unit_scaling.parameter import (
+    TAG_NAMES,
+    MupTags,
     Parameter,
     ParameterData,
+    _rebuild_parameter,
     has_parameter_data,
+    retag,
+    tags_of,
 )
 
 
@@ -24,25 +29,28 @@ class _Affine(nn.Module):
         super().__init__()
         self.weight = Parameter(torch.randn(4, 3), "weight", 2)
         self.bias = Parameter(torch.zeros(4), "bias")
+        # stored (in, out) and used as h @ W: every tag set, the fan-in too
+        self.proj = Parameter(torch.randn(4, 6), "weight", 2, mup_fan_in=4)
 
     def forward(self, x: Tensor) -> Tensor:
         # Reads a tag in forward, so compile must see it as a constant attribute.
         depth = self.weight.mup_scaling_depth or 1
-        return (x @ self.weight.t() + self.bias) / depth
+        return ((x @ self.weight.t() + self.bias) / depth) @ self.proj
 
 
 def _tags(module: nn.Module) -> dict[str, tuple[Any, ...]]:
+    """Every tag (``TAG_NAMES``: a tag added later is compared too) and the class."""
     return {
-        name: (
-            type(p),
-            getattr(p, "mup_type", None),
-            getattr(p, "mup_scaling_depth", None),
-        )
+        name: (type(p), *(getattr(p, tag, None) for tag in TAG_NAMES))
         for name, p in module.named_parameters()
     }
 
 
-EXPECTED = {"weight": (Parameter, "weight", 2), "bias": (Parameter, "bias", None)}
+EXPECTED = {
+    "weight": (Parameter, "weight", 2, None),
+    "bias": (Parameter, "bias", None, None),
+    "proj": (Parameter, "weight", 2, 4),
+}
 
 
 def test_construction() -> None:
@@ -64,6 +72,34 @@ def test_invalid_mup_type() -> None:
 def test_invalid_depth(depth: Any) -> None:
     with pytest.raises(ValueError, match="mup_scaling_depth="):
         Parameter(torch.zeros(2), "bias", depth)
+
+
+@pytest.mark.parametrize("fan_in", [0, -1, 1.5, True, "2"])
+def test_invalid_fan_in(fan_in: Any) -> None:
+    with pytest.raises(ValueError, match="mup_fan_in="):
+        Parameter(torch.zeros(2, 2), "weight", mup_fan_in=fan_in)
+    with pytest.raises(ValueError, match="mup_fan_in="):
+        retag(nn.Parameter(torch.zeros(2, 2)), "weight", None, fan_in)
+
+
+def test_tags_of_reads_every_tag_and_defaults_a_missing_fan_in() -> None:
+    p = Parameter(torch.zeros(8, 4), "weight", 3, mup_fan_in=8)
+    assert tags_of(p) == MupTags("weight", 3, 8)
+    assert MupTags._fields == TAG_NAMES  # the tuple and the attributes agree
+    by_hand = torch.zeros(2)
+    by_hand.mup_type = "bias"  # type: ignore[attr-defined]
+    by_hand.mup_scaling_depth = 2  # type: ignore[attr-defined]
+    assert tags_of(by_hand) == MupTags("bias", 2, None)
+    assert tags_of(nn.Parameter(torch.zeros(2))) is None
+
+
+def test_a_parameter_pickled_before_the_fan_in_tag_loads() -> None:
+    # what a pickle of the two-tag Parameter calls: no fan-in argument
+    old = _rebuild_parameter(torch.zeros(3, 2), True, "weight", 2, {"note": 1})
+    assert tags_of(old) == MupTags("weight", 2, None) and old.note == 1
+    bare = torch.zeros(2, 2)
+    bare.__class__ = Parameter  # an object that never ran __new__
+    assert bare.mup_fan_in is None  # the class default
 
 
 def test_non_tensor_data() -> None:
@@ -91,6 +127,8 @@ def test_repr() -> None:
     )
     assert "tensor([0., 0.])" in repr(p)
     assert "mup_scaling_depth" not in repr(Parameter(torch.zeros(2), "bias"))
+    assert "mup_fan_in=8)" in repr(Parameter(torch.zeros(8, 2), "weight", mup_fan_in=8))
+    assert "mup_fan_in" not in repr(p)
 
 
 def test_deepcopy() -> None:
@@ -110,6 +148,7 @@ def test_pickle() -> None:
     p.note = "kept"  # type: ignore[attr-defined]
     q = pickle.loads(pickle.dumps(p))
     assert (type(q), q.mup_type, q.mup_scaling_depth) == (Parameter, "norm", 5)
+    assert q.mup_fan_in is None
     assert not q.requires_grad
     assert q.note == "kept"
     torch.testing.assert_close(q, p)
@@ -124,12 +163,12 @@ def _save_load(obj: object, **kwargs: Any) -> Any:
 
 
 def test_torch_save_load_parameter_weights_only() -> None:
-    p = Parameter(torch.randn(4, 3), "output", 3)
+    p = Parameter(torch.randn(4, 3), "weight", 3, mup_fan_in=4)
     q = _save_load(p)  # weights_only=True is torch.load's default
-    assert (type(q), q.mup_type, q.mup_scaling_depth) == (Parameter, "output", 3)
+    assert (type(q), tags_of(q)) == (Parameter, MupTags("weight", 3, 4))
     assert q.requires_grad
     torch.testing.assert_close(q, p)
-    q = _save_load(p, weights_only=True)
+    q = _save_load(Parameter(torch.randn(4, 3), "output"), weights_only=True)
     assert q.mup_type == "output"
 
 
@@ -184,5 +223,9 @@ def test_torch_compile_fullgraph() -> None:
     out.sum().backward()
     torch.testing.assert_close(out, model(x))
     assert model.weight.grad is not None and model.bias.grad is not None
-    tags = {name: (p.mup_type, p.mup_scaling_depth) for name, p in _params(compiled)}
-    assert tags == {"_orig_mod.weight": ("weight", 2), "_orig_mod.bias": ("bias", None)}
+    tags = {name: tags_of(p) for name, p in _params(compiled)}
+    assert tags == {
+        "_orig_mod.weight": ("weight", 2, None),
+        "_orig_mod.bias": ("bias", None, None),
+        "_orig_mod.proj": ("weight", 2, 4),
+    }

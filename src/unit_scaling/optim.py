@@ -1,9 +1,10 @@
 """u-μP optimizers: one learning rate per parameter, chosen from its u-μP tags.
 
 u-μP makes the best learning rate independent of width and depth by scaling each
-parameter's lr by a rule of its role (``mup_type``), fan-in and residual depth
-(``mup_scaling_depth``). :func:`scaled_parameters` turns parameters into one param
-group per parameter carrying that lr; :class:`Adam`, :class:`AdamW` and :class:`SGD`
+parameter's lr by a rule of its role (``mup_type``), fan-in (from its shape, or
+its ``mup_fan_in`` tag) and residual depth (``mup_scaling_depth``).
+:func:`scaled_parameters` turns parameters into one param group per parameter
+carrying that lr; :class:`Adam`, :class:`AdamW` and :class:`SGD`
 are the torch optimizers built from those groups, with a ``step`` that updates
 the groups together: torch's foreach and fused implementations launch their
 kernels once per distinct setting rather than once per parameter, and Adam's
@@ -28,14 +29,20 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.optim.optimizer import ParamsT
 
 from ._optim_step import BatchedAdam, BatchedStep
-from .parameter import MupType, Parameter, ParameterData, has_parameter_data
+from .parameter import (
+    MupTags,
+    Parameter,
+    ParameterData,
+    has_parameter_data,
+    tags_of,
+)
 
 __all__ = [
     "SGD",
@@ -54,14 +61,8 @@ __all__ = [
 LRScaleFunc = Callable[[Tensor], float]
 """A u-μP rule: the factor a tagged parameter's learning rate is multiplied by."""
 
-_TagMapping = Mapping[str, tuple[MupType, int | None]]
-
-
-class MupTags(NamedTuple):
-    """The u-μP tags of one parameter, as captured by :func:`mup_tags`."""
-
-    mup_type: MupType
-    mup_scaling_depth: int | None = None
+_TagMapping = Mapping[str, tuple[Any, ...]]
+"""``name -> MupTags`` (or a plain ``(mup_type, depth[, fan_in])`` tuple)."""
 
 
 def mup_tags(module: nn.Module) -> dict[str, MupTags]:
@@ -78,14 +79,14 @@ def mup_tags(module: nn.Module) -> dict[str, MupTags]:
         ...                               **uu.RECOMMENDED.multipliers)
         >>> tags = mup_tags(model)
         >>> tags["embedding.weight"]
-        MupTags(mup_type='weight', mup_scaling_depth=None)
+        MupTags(mup_type='weight', mup_scaling_depth=None, mup_fan_in=None)
         >>> # ... fully_shard(model) or model.to_empty(...) replaces the parameters
         >>> opt = AdamW(model.named_parameters(), lr=uu.RECOMMENDED.lr, tags=tags)
     """
     return {
-        name: MupTags(p.mup_type, p.mup_scaling_depth)
+        name: tags
         for name, p in module.named_parameters()
-        if has_parameter_data(p)
+        if (tags := tags_of(p)) is not None
     }
 
 
@@ -100,11 +101,14 @@ def _require_tags(param: Tensor) -> ParameterData:
 
 
 def fan_in(shape: torch.Size | tuple[int, ...]) -> int:
-    """The fan-in u-μP's learning-rate rules use for a parameter of ``shape``.
+    """The fan-in u-μP's learning-rate rules read from a parameter's ``shape``.
 
     ``shape[0]`` for a 1-D parameter (a bias or norm weight), ``shape[1]`` for a
     2-D ``(out, in)`` weight and ``prod(shape[1:])`` for a 3-D to 5-D convolution
-    weight ``(out, in, *kernel)``; any other rank raises ``ValueError``.
+    weight ``(out, in, *kernel)``; any other rank raises ``ValueError``. A
+    parameter whose ``mup_fan_in`` tag is set (a weight stored ``(in, out)``, such
+    as Hugging Face's ``Conv1D``, which :func:`~unit_scaling.transforms.unit_scale`
+    tags) uses the tag instead.
 
     Example::
 
@@ -120,6 +124,12 @@ def fan_in(shape: torch.Size | tuple[int, ...]) -> int:
         "rules support 1-D, 2-D (out, in) and 3-D to 5-D (out, in, *kernel) "
         "parameters"
     )
+
+
+def _fan_in_of(param: Tensor) -> int:
+    """The tag ``mup_fan_in`` where set, else :func:`fan_in` of the shape."""
+    tagged = getattr(param, "mup_fan_in", None)
+    return tagged if tagged is not None else fan_in(param.shape)
 
 
 def _width(shape: torch.Size) -> int:
@@ -155,9 +165,9 @@ def lr_scale_func_adam(param: Tensor) -> float:
         \eta_{\text{weight}} = \text{fan\_in}^{-1/2} L^{-1/2}, \quad
         \eta_{\text{bias}} = \eta_{\text{norm}} = \eta_{\text{output}} = L^{-1/2}
 
-    with ``fan_in`` = ``shape[0]`` (1-D), ``shape[1]`` (2-D) or
-    ``prod(shape[1:])`` (3-D to 5-D convolution weights), and ``L`` =
-    ``mup_scaling_depth`` (1 if unset).
+    with ``fan_in`` = the ``mup_fan_in`` tag if set, else ``shape[0]`` (1-D),
+    ``shape[1]`` (2-D) or ``prod(shape[1:])`` (3-D to 5-D convolution weights),
+    and ``L`` = ``mup_scaling_depth`` (1 if unset).
 
     Args:
         param: a tagged parameter.
@@ -166,16 +176,18 @@ def lr_scale_func_adam(param: Tensor) -> float:
 
         >>> lr_scale_func_adam(Parameter(torch.zeros(8, 16), "weight"))
         0.25
+        >>> lr_scale_func_adam(Parameter(torch.zeros(16, 8), "weight", mup_fan_in=16))
+        0.25
     """
     tags = _require_tags(param)
-    scale = 1 / math.sqrt(fan_in(param.shape)) if tags.mup_type == "weight" else 1.0
+    scale = 1 / math.sqrt(_fan_in_of(param)) if tags.mup_type == "weight" else 1.0
     return scale * lr_scale_for_depth(param)
 
 
 def _lr_scale_func_sgd_to_output_scale(param: Tensor) -> float:
     mup_type = _require_tags(param).mup_type
     if mup_type == "weight":
-        scale = math.sqrt(fan_in(param.shape))
+        scale = math.sqrt(_fan_in_of(param))
     elif mup_type == "output":
         scale = 1.0
     else:
@@ -238,9 +250,21 @@ def _tagged(param: Tensor, name: str | None, tags: _TagMapping | None) -> Tensor
     ``param``'s global shape (that of a DTensor too), which is all a rule reads.
     """
     if tags is not None and name is not None and name in tags:
-        mup_type, depth = tags[name]
+        entry = tags[name]
+        if not isinstance(entry, tuple) or not 1 <= len(entry) <= 3:
+            raise ValueError(
+                f"tags[{name!r}] must be a MupTags or a (mup_type, "
+                f"mup_scaling_depth[, mup_fan_in]) tuple, got {entry!r}"
+            )
+        given = MupTags(*entry)
         stand_in = torch.empty(param.shape, device="meta")
-        return Parameter(stand_in, mup_type, depth, requires_grad=False)
+        return Parameter(
+            stand_in,
+            given.mup_type,
+            given.mup_scaling_depth,
+            requires_grad=False,
+            mup_fan_in=given.mup_fan_in,
+        )
     tagged: Tensor = param  # keeps the Tensor type that has_parameter_data narrows
     return tagged if has_parameter_data(param) else None
 
@@ -309,9 +333,9 @@ def scaled_parameters(
         independent_weight_decay: divide each decay by its parameter's lr.
         allow_non_unit_scaling_params: give untagged parameters the base lr (with a
             warning) instead of raising ``ValueError``.
-        tags: ``name -> (mup_type, mup_scaling_depth)`` for named parameters that
-            lost their tags (see :func:`mup_tags`); an entry wins over a parameter's
-            own tags.
+        tags: ``name -> MupTags`` (or a tuple ``(mup_type, mup_scaling_depth[,
+            mup_fan_in])``) for named parameters that lost their tags (see
+            :func:`mup_tags`); an entry wins over a parameter's own tags.
 
     Example::
 

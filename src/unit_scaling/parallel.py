@@ -74,10 +74,10 @@ def fully_shard(module: nn.Module, **kwargs: Any) -> FSDPModule:
 
     Shards ``module`` exactly as torch does, then
 
-    * re-attaches each parameter's ``mup_type`` and ``mup_scaling_depth`` to the
-      DTensor parameter that replaced it, so :class:`unit_scaling.optim.AdamW` and
-      friends give every parameter its u-μP learning rate (computed from the
-      global shape);
+    * re-attaches each parameter's u-μP tags (:class:`~unit_scaling.optim.MupTags`)
+      to the DTensor parameter that replaced it, so
+      :class:`unit_scaling.optim.AdamW` and friends give every parameter its
+      u-μP learning rate (computed from the global shape);
     * reduces gradients as :math:`\frac{1}{\sqrt{W}}\sum_r g_r` over the ``W``
       data-parallel processes (with ``set_gradient_divide_factor(sqrt(W))`` and
       sum-only collectives), so the gradients equal those of one process on the
@@ -112,8 +112,8 @@ def fully_shard(module: nn.Module, **kwargs: Any) -> FSDPModule:
             prepare()
     sharded = _torch_fully_shard(module, **kwargs)
     params = dict(module.named_parameters())
-    for name, (mup_type, depth) in tags.items():
-        retag(params[name], mup_type, depth)
+    for name, own in tags.items():
+        retag(params[name], *own)
     size = _data_parallel_size(kwargs.get("mesh"), kwargs.get("dp_mesh_dims"))
     sharded.set_gradient_divide_factor(math.sqrt(size))
     # With a divide factor torch reduces with PREMUL_SUM, which gloo lacks; a sum

@@ -197,3 +197,13 @@ def test_pandas_stays_optional() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["pandas imported False", "ImportError True"]
+
+
+def test_a_weight_stored_in_out_shows_its_tagged_fan_in() -> None:
+    stored = uu.Parameter(torch.randn(32, 8), "weight", mup_fan_in=32)  # (in, out)
+    model = nn.Module()
+    model.proj = stored
+    report = optimizer_report(uu.optim.Adam(model.parameters(), lr=LR), model)
+    row = report.set_index("name").loc["proj"]
+    assert row["fan_in"] == 32  # the tag, not shape[1] = 8
+    assert row["lr_scale"] == pytest.approx(32**-0.5)

@@ -5,8 +5,8 @@ training run of the shape-level trainer it shares with ``umup_defaults.py``."""
 from __future__ import annotations
 
 import math
-from dataclasses import astuple
 from collections.abc import Callable
+from dataclasses import astuple
 from pathlib import Path
 from types import ModuleType
 from typing import Any

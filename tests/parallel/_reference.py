@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 import unit_scaling as uu
 from unit_scaling.data import VOCAB_SIZE, Corpus
+from unit_scaling.parameter import TAG_NAMES
 
 WIDTH, LAYERS, HEADS = 32, 2, 4
 BATCH, SEQ, STEPS, LR = 4, 32, 5, 2**-4
@@ -33,10 +34,11 @@ def local_part(batch: Tensor) -> Tensor:
     return batch.chunk(dist.get_world_size())[dist.get_rank()]
 
 
-def tags(model: nn.Module) -> dict[str, tuple[Any, Any]]:
-    """``name -> (mup_type, mup_scaling_depth)``; ``(None, None)`` when untagged."""
+def tags(model: nn.Module) -> dict[str, tuple[Any, ...]]:
+    """``name -> (mup_type, mup_scaling_depth, mup_fan_in)`` (every tag a
+    parameter carries, ``TAG_NAMES``); ``None`` for each that is missing."""
     return {
-        name: (getattr(p, "mup_type", None), getattr(p, "mup_scaling_depth", None))
+        name: tuple(getattr(p, tag, None) for tag in TAG_NAMES)
         for name, p in model.named_parameters()
     }
 

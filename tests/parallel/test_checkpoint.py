@@ -113,7 +113,7 @@ def test_parameters_tags_and_learning_rates_are_restored(
         for name, param in saved["params"].items():
             assert torch.equal(loaded["params"][name], param), name
         assert loaded["tags"] == saved["tags"]
-        assert all(mup_type is not None for mup_type, _ in loaded["tags"].values())
+        assert all(mup_type is not None for mup_type, *_ in loaded["tags"].values())
         assert loaded["lrs"] == saved["lrs"]
         assert loaded["param_groups"] == saved["param_groups"]
 

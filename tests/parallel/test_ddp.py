@@ -92,4 +92,4 @@ def test_tags_and_learning_rates_survive_ddp(runs: Any) -> None:
     for rank in ranks:
         assert rank["hook"]["tags"] == reference["tags"]
         assert rank["hook"]["lrs"] == reference["lrs"]
-    assert all(mup_type is not None for mup_type, _ in reference["tags"].values())
+    assert all(mup_type is not None for mup_type, *_ in reference["tags"].values())

@@ -165,7 +165,7 @@ def test_torch_fully_shard_drops_the_tags(runs: Any) -> None:
     # The torch behaviour unit_scaling.parallel.fully_shard works around; if this
     # starts failing, torch keeps tags itself and the re-tagging can go.
     _, ranks = runs
-    assert set(ranks[0]["torch_fully_shard_tags"].values()) == {(None, None)}
+    assert set(ranks[0]["torch_fully_shard_tags"].values()) == {(None, None, None)}
 
 
 @pytest.mark.parametrize(("variant", "tolerance"), [("bf16", 2e-3), ("fp16", 5e-4)])

@@ -95,7 +95,7 @@ MODULES: dict[str, Callable[[], nn.Module]] = {
 def test_every_module_owning_parameters_keeps_tags(make: Any) -> None:
     module = make()
     expected = tags(module)
-    assert all(mup_type is not None for mup_type, _ in expected.values())
+    assert all(mup_type is not None for mup_type, *_ in expected.values())
     module.to("meta").to_empty(device="cpu")
     assert tags(module) == expected
 
@@ -110,3 +110,52 @@ def test_torch_compile_keeps_tags() -> None:
     assert [g["lr"] for g in optimizer.param_groups] == [
         g["lr"] for g in expected.param_groups
     ]
+
+
+class _StoredInOut(nn.Module):
+    """A unit-scaled layer beside a weight stored ``(in, out)``: all three tags set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = uu.Linear(8, 8)
+        self.proj = uu.Parameter(torch.randn(8, 16), "weight", 2, mup_fan_in=8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) @ self.proj
+
+
+@pytest.fixture
+def one_process_group() -> Iterator[None]:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("one_process_group")
+def test_fully_shard_keeps_every_tag_the_fan_in_too() -> None:
+    from unit_scaling.parallel import fully_shard
+
+    model = _StoredInOut()
+    expected = tags(model)
+    lr = lrs(uu.optim.AdamW(model.named_parameters(), lr=LR))
+    fully_shard(model)
+    assert type(model.proj).__name__ == "DTensor"  # replaced: the tags re-attached
+    assert tags(model) == expected and expected["proj"] == ("weight", 2, 8)
+    assert lrs(uu.optim.AdamW(model.named_parameters(), lr=LR)) == lr
+    assert lr["proj"] == LR / (8**0.5 * 2**0.5)  # the fan-in tag, not shape[1] = 16
+
+
+def test_a_weight_gathered_in_fp8_keeps_every_tag() -> None:
+    from unit_scaling.float8 import convert_to_float8_training
+    from unit_scaling.parameter import retag
+
+    layer = convert_to_float8_training(nn.Sequential(uu.Linear(16, 16)))[0]
+    retag(layer.weight, "weight", 3, 16)
+    before = tags(layer)
+    layer.fsdp_prepare_parameters()  # what fully_shard calls before sharding
+    assert type(layer.weight.data).__name__ == "_FSDPFloat8Weight"
+    assert tags(layer) == before and before["weight"] == ("weight", 3, 16)

@@ -172,7 +172,7 @@ def test_tags_learning_rates_and_residual_weights_are_the_same(runs: Any) -> Non
     reference, ranks = runs
     for rank in ranks:
         assert rank["tags"] == reference["tags"]
-        assert all(t is not None for t, _ in rank["tags"].values())
+        assert all(t is not None for t, *_ in rank["tags"].values())
         assert rank["lrs"] == reference["lrs"]
         # u-μP's rule over the 4 branches of the whole model: each sharded
         # block runs a graph of its own, with its own depth's weights.

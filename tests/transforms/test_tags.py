@@ -205,3 +205,65 @@ def test_residual_weights_follow_the_chosen_rule() -> None:
 def test_unknown_residual_rule() -> None:
     with pytest.raises(ValueError, match="residual_scaling must be 'fixed', 'u-μP'"):
         unit_scale(Stack(), residual_scaling="mup")
+
+
+def _lrs(module: nn.Module, lr: float = 1.0) -> dict[str, float]:
+    opt = uu.optim.AdamW(module.named_parameters(), lr=lr)
+    return {n: g["lr"] for g in opt.param_groups for n in g["param_names"]}
+
+
+def test_a_gpt2_conv1d_weight_learns_by_its_true_fan_in() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=16
+    )
+    original = transformers.GPT2LMHeadModel(config)
+    scaled = unit_scale(original)
+    block = scaled.transformer.h[0]
+    # Conv1D stores (in, out): shape[1] would be the output size
+    assert tuple(block.mlp.c_fc.weight.shape) == (32, 128)
+    fan_ins = {
+        "attn.c_attn": 32,  # (32, 96)
+        "attn.c_proj": 32,
+        "mlp.c_fc": 32,  # (32, 128)
+        "mlp.c_proj": 128,  # (128, 32)
+    }
+    lrs = _lrs(scaled)  # before the first call: the layer says it
+    report = scaled.unit_scale_report().tags
+    for layer, fan_in in fan_ins.items():
+        name = f"transformer.h.0.{layer}.weight"
+        assert scaled.get_parameter(name).mup_fan_in == fan_in, name
+        assert report[name].source == "layer" and report[name].mup_fan_in == fan_in
+        assert lrs[name] == pytest.approx(fan_in**-0.5 * 2**-0.5), name  # depth 2
+    assert scaled.transformer.h[0].mlp.c_fc.bias.mup_fan_in is None
+    scaled(torch.randint(64, (2, 8)))  # the graph agrees: nothing changes
+    assert _lrs(scaled) == lrs
+    assert not any(hasattr(p, "mup_fan_in") for p in original.parameters())
+
+
+def test_a_weight_used_as_x_at_w_takes_its_fan_in_from_the_graph(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Products(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.in_out = nn.Parameter(torch.randn(16, 48))  # x @ W: fan-in 16
+            self.out_in = nn.Parameter(torch.randn(16, 48))  # F.linear: 48, its shape
+            self.both = nn.Parameter(torch.randn(16, 48))  # 16 and 48: ambiguous
+
+        def forward(self, x: Tensor) -> Tensor:
+            h = x @ self.in_out + x @ self.both
+            return F.linear(h, self.out_in) + F.linear(h, self.both)
+
+    scaled = unit_scale(Products())
+    assert scaled.in_out.mup_fan_in is None  # generic until the graph shows its use
+    before = _lrs(scaled)["in_out"]
+    with caplog.at_level(logging.WARNING, logger="unit_scaling"):
+        scaled(torch.randn(4, 8, 16))
+    assert scaled.in_out.mup_fan_in == 16
+    assert scaled.out_in.mup_fan_in is None and scaled.both.mup_fan_in is None
+    assert "in_out (fan-in 16)" in caplog.text and "build it again" in caplog.text
+    assert "out_in" not in caplog.text
+    record = scaled.unit_scale_report().tags["in_out"]
+    assert record.mup_fan_in == 16 and "fan-in 16" in record.detail
+    assert (before, _lrs(scaled)["in_out"]) == (pytest.approx(48**-0.5), 0.25)

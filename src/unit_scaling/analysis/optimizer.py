@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..optim import fan_in
-from ..parameter import has_parameter_data
+from ..parameter import tags_of
 from ._optional import require_plot_extra
 
 if TYPE_CHECKING:  # pandas is imported when a table is made
@@ -48,18 +48,15 @@ def _fan_in_or_none(shape: torch.Size) -> int | None:
 def _row(name: str, index: int, param: Tensor, group: dict[str, Any]) -> dict[str, Any]:
     lr = float(group["lr"])  # a tensor lr too
     decay = float(group.get("weight_decay", 0.0))
-    mup_type, depth = (
-        (param.mup_type, param.mup_scaling_depth)
-        if has_parameter_data(param)
-        else (None, None)
-    )
+    tags = tags_of(param)
+    given_fan_in = tags.mup_fan_in if tags is not None else None
     return {
         "name": name,
         "group": index,
         "shape": tuple(param.shape),
-        "mup_type": mup_type,
-        "fan_in": _fan_in_or_none(param.shape),
-        "depth": depth,
+        "mup_type": tags.mup_type if tags is not None else None,
+        "fan_in": given_fan_in or _fan_in_or_none(param.shape),
+        "depth": tags.mup_scaling_depth if tags is not None else None,
         "lr_scale": float(group.get("mup_lr_scale", 1.0)),
         "lr": lr,
         "weight_decay": decay,

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .._torch_internals import disabled_torch_function, pytree
+from ..parameter import TAG_NAMES
 from . import _gemm
 from ._config import Float8Config
 
@@ -180,7 +181,7 @@ def gather_in_fp8(layer: nn.Module) -> None:
         _FSDPFloat8Weight(weight.detach(), config.forward_dtype),
         requires_grad=weight.requires_grad,
     )
-    for tag in ("mup_type", "mup_scaling_depth"):
+    for tag in TAG_NAMES:
         if hasattr(weight, tag):
             setattr(wrapped, tag, getattr(weight, tag))
     layer._parameters["weight"] = wrapped

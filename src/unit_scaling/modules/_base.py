@@ -10,7 +10,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..constraints import validate_constraint
-from ..parameter import MupType, Parameter, has_parameter_data, retag
+from ..parameter import MupType, Parameter, has_parameter_data, retag, tags_of
 
 __all__ = [
     "CallsFunction",
@@ -25,15 +25,15 @@ __all__ = [
 def own_tags_kept(module: nn.Module) -> Iterator[None]:
     """Re-tag ``module``'s own parameters that the body replaced by untagged ones."""
     saved = {
-        name: (p.mup_type, p.mup_scaling_depth)
+        name: tags
         for name, p in module._parameters.items()
-        if has_parameter_data(p)
+        if (tags := tags_of(p)) is not None
     }
     yield
-    for name, (mup_type, depth) in saved.items():
+    for name, tags in saved.items():
         param = module._parameters.get(name)
         if param is not None and not has_parameter_data(param):
-            retag(param, mup_type, depth)
+            retag(param, *tags)
 
 
 class KeepsTags(nn.Module):

@@ -58,6 +58,7 @@ from .params import (
     graph_roles,
     initialise,
     scale_direct_parameter_gradients,
+    weight_fan_ins,
 )
 from .patterns import rewrite_patterns
 from .report import OpRecord, ParameterRecord, UnitScaleReport
@@ -334,15 +335,18 @@ class UnitScalingPass(CapturePass):
             for node, p in params.items()
         }
         roles = graph_roles(graph, values, readable)
+        fan_ins = weight_fan_ins(graph, values, roles)
         retagged = []
         for node, role in roles.items():
             aliases = names.get(id(params[node]), [readable[node]])
             record = self.report.tags.get(aliases[0])
             param = stand_ins.get(id(params[node]), params[node])
             if record is not None:
-                new = tag_from_graph(param, record, role)
+                new = tag_from_graph(param, record, role, fan_ins.get(node))
                 if _LR_GROUP[new.mup_type] != _LR_GROUP[record.mup_type]:
                     retagged.append(f"{new.name} ({new.mup_type})")
+                elif new.mup_fan_in != record.mup_fan_in:
+                    retagged.append(f"{new.name} (fan-in {new.mup_fan_in})")
                 self.report.tags.update(dict.fromkeys(aliases, new))
             if any(a in self.initialised for a in aliases):
                 done = "initialised before"
@@ -367,9 +371,10 @@ class UnitScalingPass(CapturePass):
             self.report.parameters.append(ParameterRecord(readable[node], role, done))
         if retagged:
             logger.warning(
-                "unit_scale: the first call showed the u-μP type of %d parameters "
-                "no layer declares: %s. An optimizer built before this call gave "
-                "them the learning rate of their generic type; build it again",
+                "unit_scale: the first call showed the u-μP type or fan-in of %d "
+                "parameters no layer declares: %s. An optimizer built before this "
+                "call gave them the learning rate their shape suggested; build it "
+                "again",
                 len(retagged),
                 ", ".join(retagged),
             )

@@ -21,6 +21,11 @@ the module keep its values):
 * anything else (e.g. ``A_log`` of a state-space model, used through ``exp``):
   **other**, kept.
 
+A weight's **fan-in** is read from its use too (:func:`weight_fan_ins`): the
+number of terms each output of the product sums. It is what u-μP's
+learning-rate rules need, and differs from what the weight's shape says for a
+weight stored ``(in, out)`` and used as ``x @ W``.
+
 A parameter that enters an activation op directly (not through a linear layer or
 normalisation, which scale their own parameter gradients) gets its gradient
 scaled by ``expansion^(-1/2)``, ``expansion`` being how many output elements each
@@ -53,6 +58,7 @@ __all__ = [
     "initialise",
     "scale_direct_parameter_gradients",
     "unit_init_layers",
+    "weight_fan_ins",
 ]
 
 logger = logging.getLogger("unit_scaling.transforms.unit_scale")
@@ -213,6 +219,49 @@ def graph_roles(
         found = {_role_at(c, via, values) for c, via in _consumers(node, values)}
         roles[node] = next((r for r in _PRIORITY if r in found), "other")
     return roles
+
+
+# Products whose operands are (left, right), contracting left's last dimension
+# with right's last but one.
+_LEFT_RIGHT = {U.matmul: (0, 1), U.bmm: (0, 1)}
+
+
+def _contraction(consumer: Node, via: Node, values: GraphValues) -> int | None:
+    """How many terms each output of ``consumer`` sums over ``via``'s dimensions,
+    where ``via`` is a product's weight; None for any other use."""
+    info = values.tensor(via)
+    if info is None or len(info.shape) < 2:
+        return None
+    args, target = consumer.args, consumer.target
+    if target in (U.linear, U.linear_readout):  # weight (out, in)
+        weight = args[1] if len(args) > 1 else consumer.kwargs.get("weight")
+        return info.shape[-1] if weight is via else None
+    if target in _LEFT_RIGHT:
+        left, right = (args[i] if len(args) > i else None for i in _LEFT_RIGHT[target])
+        if right is via and left is not via:
+            return info.shape[-2]
+        if left is via and right is not via:
+            return info.shape[-1]
+    return None
+
+
+def weight_fan_ins(
+    graph: Graph, values: GraphValues, nodes: Iterable[Node]
+) -> dict[Node, int]:
+    """The fan-in each parameter placeholder in ``nodes`` is used with as the
+    weight of a linear layer or matmul (through rearrangements such as ``W.t()``),
+    where every such use agrees; a parameter with none, or with uses that
+    disagree, is left out (its shape decides)."""
+    found: dict[Node, int] = {}
+    for node in nodes:
+        sizes = {
+            size
+            for consumer, via in _consumers(node, values)
+            if (size := _contraction(consumer, via, values)) is not None
+        }
+        if len(sizes) == 1:
+            found[node] = sizes.pop()
+    return found
 
 
 def scale_direct_parameter_gradients(graph: Graph, values: GraphValues) -> int:

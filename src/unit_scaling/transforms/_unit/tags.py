@@ -1,7 +1,8 @@
 """u-μP tags for every parameter of a unit-scaled model.
 
-:mod:`unit_scaling.optim` gives each parameter its learning rate from two tags,
-``mup_type`` and ``mup_scaling_depth`` (see :mod:`unit_scaling.parameter`).
+:mod:`unit_scaling.optim` gives each parameter its learning rate from its tags,
+``mup_type``, ``mup_scaling_depth`` and, where the shape does not say it,
+``mup_fan_in`` (see :mod:`unit_scaling.parameter`).
 ``unit_scale`` puts them on every parameter of the module it returns, so that
 ``uu.optim.AdamW(unit_scale(model).parameters(), lr=...)`` works as it does for a
 native ``uu`` model:
@@ -17,8 +18,13 @@ native ``uu`` model:
   (u-μP's ``lr/√width`` for an embedding is its own choice). With the weight rule
   a tied readout's updates shrank like ``width^-½``, and a ``unit_scale``d GPT-2
   got no better with width (docs/results/umup_width.md).
+* **a weight stored** ``(in, out)``: Hugging Face's ``Conv1D`` (GPT-2), used as
+  ``x @ W``, is a ``"weight"`` whose fan-in is ``shape[0]``, which its
+  ``mup_fan_in`` tag says (read from its shape, the lr rules would take its
+  output size: ``c_fc``'s lr would be 2× too small in a GPT-2).
 * **from the graph** (at the first call), for a parameter no layer owns: used as
-  the weight of a product or as a table, ``"weight"``; as a bias, ``"bias"``;
+  the weight of a product or as a table, ``"weight"``, with the fan-in of that
+  product where the shape would say otherwise; as a bias, ``"bias"``;
   multiplying activations (a layer scale) or normalising, ``"norm"``.
 * **generic**, for a parameter neither shows (``A_log`` of a state-space model,
   used through ``exp``): a matrix is a ``"weight"``, a vector a ``"bias"``. Such
@@ -42,7 +48,8 @@ from typing import Literal
 from torch import Tensor, nn
 
 from ..._torch_internals import BatchNormBase, ConvNdBase, InstanceNormBase
-from ...parameter import MupType, has_parameter_data, retag
+from ...optim import fan_in
+from ...parameter import MupType, retag, tags_of
 
 __all__ = ["TagRecord", "depths", "tag_from_graph", "tag_structure"]
 
@@ -86,6 +93,7 @@ class TagRecord:
     mup_scaling_depth: int | None
     source: Source
     detail: str = ""
+    mup_fan_in: int | None = None
 
 
 def _repeated(module: nn.Module) -> bool:
@@ -123,6 +131,24 @@ def depths(module: nn.Module, blocks: list[tuple[str, int]]) -> dict[str, int]:
         for name, _ in block.named_parameters(remove_duplicate=False):
             found[f"{path}.{name}" if path else name] = count
     return found
+
+
+def _stored_in_out(owner: nn.Module, param: Tensor) -> bool:
+    """Whether ``param`` is the ``(in, out)`` weight of a Hugging Face ``Conv1D``
+    (recognised by its class name and sizes, without importing transformers)."""
+    sizes = (getattr(owner, "nx", None), getattr(owner, "nf", None))
+    return (
+        type(owner).__name__ == "Conv1D"
+        and param is getattr(owner, "weight", None)
+        and tuple(param.shape) == sizes
+    )
+
+
+def _shape_fan_in(param: Tensor) -> int | None:
+    try:
+        return fan_in(param.shape)
+    except ValueError:  # a rank no rule reads a fan-in of
+        return None
 
 
 def _generic(param: Tensor) -> MupType:
@@ -184,12 +210,15 @@ def _tag_one(
     is_readout: bool,
     embeddings: set[int],
 ) -> TagRecord:
-    if has_parameter_data(param):
-        tags = (param.mup_type, param.mup_scaling_depth)
-        return TagRecord(name, tags[0], tags[1], "model")
+    own = tags_of(param)
+    if own is not None:
+        return TagRecord(
+            name, own.mup_type, own.mup_scaling_depth, "model", "", own.mup_fan_in
+        )
     mup_type: MupType
     source: Source = "layer"
     detail = ""
+    fan: int | None = None
     if is_readout and attr == "weight":
         mup_type, source, depth = "output", "readout", None
         if id(param) in embeddings:
@@ -198,19 +227,31 @@ def _tag_one(
         mup_type = "bias" if "bias" in attr else "weight"
     elif isinstance(owner, _NORM_LAYERS):
         mup_type = "bias" if attr == "bias" else "norm"
+    elif _stored_in_out(owner, param):
+        mup_type, fan = "weight", param.shape[0]
+        detail = "stored (in, out), used as x @ W: fan-in shape[0]"
     else:
         mup_type, source = _generic(param), "generic"
-    retag(param, mup_type, depth)
-    return TagRecord(name, mup_type, depth, source, detail)
+    retag(param, mup_type, depth, fan)
+    return TagRecord(name, mup_type, depth, source, detail, fan)
 
 
-def tag_from_graph(param: Tensor, record: TagRecord, role: str) -> TagRecord:
+def tag_from_graph(
+    param: Tensor, record: TagRecord, role: str, used_fan_in: int | None = None
+) -> TagRecord:
     """Retag a generically tagged ``param`` from its ``role`` in a captured graph
-    (in place); returns its new record, or ``record`` if nothing changed."""
+    (in place), with ``used_fan_in`` (the fan-in of the product it is the weight
+    of, if known) as its ``mup_fan_in`` where its shape says otherwise; returns
+    its new record, or ``record`` if nothing changed."""
     mup_type = _ROLE_TYPES.get(role)
     if record.source != "generic" or mup_type is None:
         return record
-    retag(param, mup_type, record.mup_scaling_depth)
+    fan = None
+    detail = f"used as a {role}"
+    if mup_type == "weight" and used_fan_in not in (None, _shape_fan_in(param)):
+        fan = used_fan_in
+        detail += f" with fan-in {fan}"
+    retag(param, mup_type, record.mup_scaling_depth, fan)
     return dataclasses.replace(
-        record, mup_type=mup_type, source="graph", detail=f"used as a {role}"
+        record, mup_type=mup_type, source="graph", detail=detail, mup_fan_in=fan
     )
