@@ -374,49 +374,76 @@ def table(runs: Runs, config: str) -> str:
 
 
 def lr_check(runs: Runs, config: str) -> str:
-    """u-μP at the recommended lr and one step either side, at every width where
-    a run off the recommended lr is stored (width 64 always has them); each
-    row's means are over the seeds every lr in the row has, so the lrs are
-    compared on the same seeds."""
+    """u-μP at the recommended lr and at every other lr stored (always one step
+    either side), at width 64 and at every width where a run off the recommended
+    lr is stored. Each lr is compared with the recommended one on the seeds both
+    have: its cell is its mean over those seeds and, in brackets, that minus the
+    recommended lr's mean over the same seeds (the seeds named when they are not
+    all of the recommended lr's); a note says by how much the best beats it."""
     lr = math.log2(uu.RECOMMENDED.lr)
-    steps = (lr - 1, lr, lr + 1)
+
+    def by_seed(width: int, x: float) -> dict[int, float]:
+        return {
+            s: v
+            for s in SEEDS
+            if (v := loss(runs, Task(config, "u-μP", width, x, s))) is not None
+        }
+
+    stored = {
+        x
+        for x in range(int(lr) - 4, int(lr) + 5)
+        for width in WIDTHS
+        if x != lr and by_seed(width, x)
+    }
+    steps = sorted(stored | {lr - 1, lr, lr + 1})
     rows, notes = [], []
     for width in WIDTHS:
-        by_lr = {
-            x: {
-                s: v
-                for s in SEEDS
-                if (v := loss(runs, Task(config, "u-μP", width, x, s))) is not None
-            }
-            for x in steps
-        }
-        ran = [x for x in steps if by_lr[x]]
-        common = sorted(set.intersection(*(set(by_lr[x]) for x in ran))) if ran else []
-        if width != WIDTHS[0] and (not common or ran == [lr]):
+        found = {x: by_seed(width, x) for x in steps}
+        others = [x for x in steps if x != lr and found[x]]
+        if width != WIDTHS[0] and not others:
             continue
-        means = {x: statistics.fmean(by_lr[x][s] for s in common) for x in ran}
-        seeds_text = ("seed " if len(common) == 1 else "seeds ") + ", ".join(
-            map(str, common)
-        )
+        own = found[lr]
+        cells, gains = [], {}
+        for x in steps:
+            shared = sorted(set(found[x]) & set(own)) if x != lr else sorted(own)
+            if not shared:
+                cells.append("not run")
+                continue
+            mean = statistics.fmean(found[x][s] for s in shared)
+            if x == lr:
+                cells.append(f"{mean:.3f}")
+                continue
+            gain = statistics.fmean(own[s] for s in shared) - mean
+            gains[x] = (gain, shared)
+            named = "" if shared == sorted(own) else f", {_seeds(shared)}"
+            cells.append(f"{mean:.3f} ({-gain:+.3f}{named})")
         rows.append(
             (
-                f"width {width}, {seeds_text}" if common else f"width {width}",
-                *(f"{means[x]:.3f}" if x in means else "not run" for x in steps),
+                f"width {width} ({_seeds(sorted(own))})" if own else f"width {width}",
+                *cells,
             )
         )
-        best = min(means, key=means.__getitem__) if means else lr
-        if len(means) > 1 and best != lr:
-            edge = "; the grid stops there, so the optimum may lie further"
+        best = max(gains, key=lambda x: gains[x][0], default=None)
+        if best is not None and gains[best][0] > 0:
+            edge = not found.get(best + (1 if best > lr else -1))
             notes.append(
                 f"At width {width} lr 2^{best:g} beats the recommended 2^{lr:g} by "
-                f"{means[lr] - means[best]:.3f} ({seeds_text}"
-                + (edge if best in (steps[0], steps[-1]) else "")
+                f"{gains[best][0]:.3f} ({_seeds(gains[best][1])}"
+                + (
+                    "; nothing was run past it, so the optimum may lie further"
+                    if edge
+                    else ""
+                )
                 + ")."
             )
     table = markdown_table(
         ("u-μP, recommended multipliers", *(f"lr 2^{x:g}" for x in steps)), rows
     )
     return table + "".join(f"\n\n{n}" for n in notes)
+
+
+def _seeds(seeds: list[int]) -> str:
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(map(str, seeds))
 
 
 def plot(runs: Runs, path: Path) -> None:

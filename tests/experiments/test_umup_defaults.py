@@ -3,6 +3,7 @@ which runs it asks for, how SP's sweep widens, and the verdicts it writes."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -115,7 +116,7 @@ def test_the_page_says_what_is_missing(ud: ModuleType, tmp_path: Path) -> None:
     assert (tmp_path / "umup_defaults.png").stat().st_size > 10_000
 
 
-def test_lr_check_compares_the_lrs_on_the_seeds_they_share(ud: ModuleType) -> None:
+def test_lr_check_compares_each_lr_on_the_seeds_it_shares(ud: ModuleType) -> None:
     lr = math.log2(ud.uu.RECOMMENDED.lr)
     runs = {
         ud.Task("C", "u-μP", 64, lr + d, 0).key: {"loss": v}
@@ -125,11 +126,32 @@ def test_lr_check_compares_the_lrs_on_the_seeds_they_share(ud: ModuleType) -> No
         runs[ud.Task("C", "u-μP", 256, lr, seed).key] = {"loss": at}
         if above is not None:
             runs[ud.Task("C", "u-μP", 256, lr + 1, seed).key] = {"loss": above}
+    runs[ud.Task("C", "u-μP", 256, lr + 2, 0).key] = {"loss": 1.39}  # one seed
     text = ud.lr_check(runs, "C")
-    assert "| width 64, seed 0 | 1.740 | 1.650 | 1.590 |" in text
-    # seed 2 has no run at lr 2^1, so width 256 compares seeds 0 and 1 only
-    assert "| width 256, seeds 0, 1 | not run | 1.405 | 1.375 |" in text
-    assert "At width 256 lr 2^1 beats the recommended 2^0 by 0.030" in text
+    # every lr stored is a column, one step either side always
+    assert "| lr 2^-1 | lr 2^0 | lr 2^1 | lr 2^2 |" in text
+    assert (
+        "| width 64 (seed 0) | 1.740 (+0.090) | 1.650 | 1.590 (-0.060) | not run |"
+    ) in text
+    # the recommended lr over its seeds; each other over those it shares with it,
+    # and the difference on those seeds (1.40 at seed 0, 1.405 over seeds 0, 1)
+    assert (
+        "| width 256 (seeds 0, 1, 2) | not run | 1.403 | 1.375 (-0.030, seeds 0, 1) "
+        "| 1.390 (-0.010, seed 0) |"
+    ) in text
+    assert (
+        "At width 256 lr 2^1 beats the recommended 2^0 by 0.030 (seeds 0, 1)." in text
+    )
+    assert (
+        "At width 64 lr 2^1 beats the recommended 2^0 by 0.060 (seed 0; nothing" in text
+    )
     # widths with only the recommended lr stored are not rows
     assert "width 128" not in text and "width 512" not in text
     assert "not run | not run | not run" in ud.lr_check({}, "B")
+    # no lr better than the recommended one: no note
+    worse = dict(runs)
+    for width, d, seed in itertools.product((64, 256), (-1, 1, 2), range(3)):
+        key = ud.Task("C", "u-μP", width, lr + d, seed).key
+        if key in worse:
+            worse[key] = {"loss": worse[key]["loss"] + 1}
+    assert "beats" not in ud.lr_check(worse, "C")
