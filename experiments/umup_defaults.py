@@ -613,7 +613,14 @@ gain from width](umup_width.md) (one seed each):
   64 to 512 at lr 2^-1); tied, with the table now tagged `output`, it is 0.16–0.22
   better at every width but still flat. Untie it for u-μP.
 
-{chr(10).join(sections)}"""
+{chr(10).join(sections)}
+## What moves u-μP's best learning rate
+
+Configuration C's optimum lies above the recommended lr where A's and B's do not
+(the lr checks above). [What moves u-μP's best learning rate](umup_depth.md)
+sweeps the lr on shapes between A and C to find out which of C's differences
+moves it.
+"""
     (out / "umup_defaults.md").write_text(reflow(text))
 
 

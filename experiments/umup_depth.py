@@ -222,6 +222,47 @@ def findings(runs: Runs, width: int) -> list[str]:
     return notes
 
 
+def summary(runs: Runs, width: int) -> str:
+    """The answer the sweeps give (empty while one is unfinished)."""
+    best = {p: best_lr(runs, p, width) for p in PROBES}
+    if any(v is None for v in best.values()):
+        return ""
+    lr = math.log2(uu.RECOMMENDED.lr)
+    deep = [p for p in PROBES if p.base == "A"]
+    depth_alone = "/".join(f"2^{best[p]:g}" for p in deep)
+    layers = "/".join(str(p.layers) for p in deep)
+    moved = {best[p] for p in deep} != {lr}
+    shallow_c, own_c = best[Probe("C", 2)], best[Probe("C", CONFIGS["C"].layers)]
+    lines = [
+        f"**Depth alone** {'moves' if moved else 'does not move'} the optimum: "
+        f"A's shape at {layers} layers does best at {depth_alone}"
+        + ("" if moved else ", so u-μP's depth rule holds it in place here")
+        + ".",
+        f"**The rest of C alone** (its batch, sequence and steps at 2 layers): "
+        f"2^{shallow_c:g}.",
+        f"**Both** (C itself, {CONFIGS['C'].layers} layers): 2^{own_c:g}.",
+    ]
+    if not moved and shallow_c == lr and own_c != lr:
+        c_layers = (2, CONFIGS["C"].layers)
+        hidden = [best[Probe("C", n)] + depth_factor(n) for n in c_layers]  # type: ignore[operator]
+        same = hidden[0] == hidden[1]
+        lines.append(
+            "Neither of C's differences moves the optimum alone; together they "
+            "do, an interaction u-μP's rules do not model and a reason no single "
+            "lr is best for every configuration. On A's shape the hidden weights' "
+            "best lr falls with depth as the depth rule (× depth^-½) says; on C's, "
+            f"the {c_layers[1]}-layer model's hidden weights do best at "
+            f"2^{hidden[1]:g} after the rule"
+            + (
+                f", the same as the {c_layers[0]}-layer model's, as if the rule "
+                "were not there."
+                if same
+                else f", the {c_layers[0]}-layer model's at 2^{hidden[0]:g}."
+            )
+        )
+    return "\n".join(f"- {line}" for line in lines)
+
+
 def table(runs: Runs, width: int) -> str:
     grids = {p: sweep(runs, p, width) for p in PROBES}
     xs = sorted({x for g in grids.values() for x in g})
@@ -306,9 +347,11 @@ def report(runs: Runs, out: Path, widths: Iterable[int], seconds: float | None) 
         image = f"umup_depth_{width}.png"
         plot(runs, out / image, width)
         notes = "\n".join(f"- {n}" for n in findings(runs, width))
+        answer = summary(runs, width)
         sections.append(
             f"## Width {width}\n\n![loss against lr by depth]({image})\n\n"
-            f"Validation loss, mean of seeds {', '.join(map(str, SEEDS))}; the "
+            + (f"{answer}\n\n" if answer else "")
+            + f"Validation loss, mean of seeds {', '.join(map(str, SEEDS))}; the "
             f"best of each row in bold.\n\n{table(runs, width)}\n\n{notes}\n"
         )
     missing = needed(runs, widths)

@@ -113,3 +113,27 @@ def test_the_shape_trainer_runs_both_sides_and_repeats_itself(
     assert ud.train_shape(tiny, "u-μP", 32, 0.0, seed=0)["loss"] == first["loss"]
     assert ud.train_shape(tiny, "u-μP", 32, 0.0, seed=1)["loss"] != first["loss"]
     assert math.isfinite(ud.train_shape(tiny, "SP", 32, -9.0, seed=0)["loss"])
+
+
+def test_the_summary_says_which_difference_moves_the_optimum(
+    depth: ModuleType,
+) -> None:
+    def page_for(best_of: Callable[[Any], int]) -> str:
+        runs: dict[str, Any] = {}
+        for probe in depth.PROBES:
+            best = best_of(probe)
+            _store_curve(
+                depth, runs, probe, {x: 2.0 + 0.1 * abs(x - best) for x in depth.GRID}
+            )
+        return str(depth.summary(runs, 64))
+
+    # only C itself prefers 2^1: an interaction, the rule absent on C's shape
+    text = page_for(lambda p: 1 if (p.base, p.layers) == ("C", 8) else 0)
+    assert "**Depth alone** does not move the optimum" in text
+    assert "2^0/2^0/2^0/2^0" in text and "**Both** (C itself, 8 layers): 2^1" in text
+    assert "together they do" in text and "as if the rule were not there" in text
+    # the deep A shapes move too: depth alone does it
+    text = page_for(lambda p: 1 if p.layers >= 8 else 0)
+    assert "**Depth alone** moves the optimum" in text and "2^0/2^0/2^1/2^1" in text
+    assert "together they do" not in text
+    assert depth.summary({}, 64) == ""  # nothing to say before the sweeps finish
