@@ -46,9 +46,10 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import torch
 from _common import DOCS, make_model, markdown_table, reflow, train, validation_set
@@ -192,31 +193,46 @@ def loss(runs: Runs, task: Task) -> float | None:
     return math.inf if value is None or not math.isfinite(value) else float(value)
 
 
-def sp_sweep(runs: Runs, config: str, width: int) -> dict[float, float | None]:
+Grid = dict[float, float | None]
+
+
+def widen(grid: Grid, floor: int, ceiling: int) -> tuple[int, int] | None:
+    """The next bounds of a ×2 lr sweep (log2 lr -> loss, None: to run): a step
+    further while its optimum is at an edge, within ``floor`` and ``ceiling``;
+    None when the sweep is done or waits for runs."""
+    if any(v is None for v in grid.values()):
+        return None
+    low, high, best = min(grid), max(grid), grid_best(grid)
+    if best == low and low > floor:
+        return int(low) - 1, int(high)
+    if best == high and high < ceiling:
+        return int(low), int(high) + 1
+    return None
+
+
+def grid_best(grid: Grid) -> float | None:
+    """The optimum of a finished sweep; None while a point is missing."""
+    if any(v is None for v in grid.values()):
+        return None
+    return min(grid, key=lambda x: grid[x])  # type: ignore[arg-type,return-value]
+
+
+def sp_sweep(runs: Runs, config: str, width: int) -> Grid:
     """SP's seed-0 sweep as far as it has gone: log2 lr -> loss (None: to run)."""
     guess = SP_GUESS[width]
-    grid: dict[float, float | None] = {}
-    low, high = guess - 1, guess + 1
-    while True:
-        for x in range(low, high + 1):
-            grid[x] = loss(runs, Task(config, "SP", width, x, 0))
-        if any(v is None for v in grid.values()):
-            return grid
-        best = min(grid, key=lambda x: grid[x])  # type: ignore[arg-type,return-value]
-        if best == low and low > guess - 1 - MAX_WIDENING:
-            low -= 1
-        elif best == high and high < guess + 1 + MAX_WIDENING:
-            high += 1
-        else:
-            return grid
+    bounds: tuple[int, int] | None = (guess - 1, guess + 1)
+    while bounds is not None:
+        grid: Grid = {
+            x: loss(runs, Task(config, "SP", width, x, 0))
+            for x in range(bounds[0], bounds[1] + 1)
+        }
+        bounds = widen(grid, guess - 1 - MAX_WIDENING, guess + 1 + MAX_WIDENING)
+    return grid
 
 
 def sp_best(runs: Runs, config: str, width: int) -> float | None:
     """SP's best lr of seed 0's finished sweep; None while it is unfinished."""
-    grid = sp_sweep(runs, config, width)
-    if any(v is None for v in grid.values()):
-        return None
-    return min(grid, key=lambda x: grid[x])  # type: ignore[arg-type,return-value]
+    return grid_best(sp_sweep(runs, config, width))
 
 
 def needed(runs: Runs, configs: Iterable[str], widths: Iterable[int]) -> list[Task]:
@@ -240,13 +256,35 @@ def needed(runs: Runs, configs: Iterable[str], widths: Iterable[int]) -> list[Ta
 
 def run(configs: list[str], widths: list[int], jobs: int, cache: Path) -> float:
     """Trains the missing runs, saving each as it finishes; returns seconds."""
+    return train_missing(
+        lambda: needed(load(cache), configs, widths), train_one, jobs, cache
+    )
+
+
+class Keyed(Protocol):
+    @property
+    def key(self) -> str: ...
+
+
+K = TypeVar("K", bound=Keyed)
+
+
+def train_missing(
+    find: Callable[[], list[K]],
+    train_fn: Callable[[K], dict[str, float]],
+    jobs: int,
+    cache: Path,
+) -> float:
+    """Trains what ``find()`` says is missing with ``train_fn`` (a module-level
+    function, for the spawned processes), saving each run to ``cache`` as it
+    finishes, until nothing is missing; returns seconds."""
     start = time.perf_counter()
     context = multiprocessing.get_context("spawn")
-    while tasks := needed(load(cache), configs, widths):
+    while tasks := find():
         print(f"{len(tasks)} runs to train", flush=True)
         with context.Pool(min(jobs, len(tasks))) as pool:
             for task, result in zip(
-                tasks, pool.imap(train_one, tasks), strict=True
+                tasks, pool.imap(train_fn, tasks), strict=True
             ):  # imap, in order: each result saved as soon as its turn comes
                 runs = load(cache)
                 runs[task.key] = result

@@ -29,18 +29,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import multiprocessing
 import os
 import statistics
 import sys
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from _common import DOCS, markdown_table, reflow
 from umup_defaults import CACHE as DEFAULTS_CACHE
-from umup_defaults import CONFIGS, Runs, Shape, load, save, train_shape
+from umup_defaults import (
+    CONFIGS,
+    Grid,
+    Runs,
+    Shape,
+    grid_best,
+    load,
+    train_missing,
+    train_shape,
+    widen,
+)
 
 import unit_scaling as uu
 
@@ -120,33 +128,23 @@ def loss(runs: Runs, run: Run) -> float | None:
     return math.inf if value is None or not math.isfinite(value) else float(value)
 
 
-def sweep(runs: Runs, probe: Probe, width: int) -> dict[float, float | None]:
+def sweep(runs: Runs, probe: Probe, width: int) -> Grid:
     """log2 lr -> mean loss over the seeds (None while a seed is missing), the
     grid widened by a step while its optimum is at an edge."""
-    low, high = GRID[0], GRID[-1]
-    while True:
-        grid: dict[float, float | None] = {}
-        for x in range(low, high + 1):
+    bounds: tuple[int, int] | None = (GRID[0], GRID[-1])
+    while bounds is not None:
+        grid: Grid = {}
+        for x in range(bounds[0], bounds[1] + 1):
             found = [loss(runs, Run(probe, width, x, s)) for s in SEEDS]
             values = [v for v in found if v is not None]
             grid[x] = statistics.fmean(values) if len(values) == len(SEEDS) else None
-        if any(v is None for v in grid.values()):
-            return grid
-        best = min(grid, key=lambda x: grid[x])  # type: ignore[arg-type,return-value]
-        if best == low and low > GRID[0] - MAX_WIDENING:
-            low -= 1
-        elif best == high and high < GRID[-1] + MAX_WIDENING:
-            high += 1
-        else:
-            return grid
+        bounds = widen(grid, GRID[0] - MAX_WIDENING, GRID[-1] + MAX_WIDENING)
+    return grid
 
 
 def best_lr(runs: Runs, probe: Probe, width: int) -> float | None:
     """The optimum of the finished sweep (log2 lr); None while it is unfinished."""
-    grid = sweep(runs, probe, width)
-    if any(v is None for v in grid.values()):
-        return None
-    return min(grid, key=lambda x: grid[x])  # type: ignore[arg-type,return-value]
+    return grid_best(sweep(runs, probe, width))
 
 
 def needed(runs: Runs, widths: Iterable[int]) -> list[Run]:
@@ -171,21 +169,7 @@ def stored(cache: Path) -> Runs:
 
 def run(widths: list[int], jobs: int, cache: Path) -> float:
     """Trains the missing runs, saving each to ``cache`` as it finishes."""
-    start = time.perf_counter()
-    context = multiprocessing.get_context("spawn")
-    while todo := needed(stored(cache), widths):
-        print(f"{len(todo)} runs to train", flush=True)
-        with context.Pool(min(jobs, len(todo))) as pool:
-            for task, result in zip(todo, pool.imap(train_run, todo), strict=True):
-                runs = load(cache)
-                runs[task.key] = result
-                save(runs, cache)
-                print(
-                    f"[{time.perf_counter() - start:6.0f} s] {task.key}: "
-                    f"{result['loss']:.3f} ({result['seconds']:.0f} s)",
-                    flush=True,
-                )
-    return time.perf_counter() - start
+    return train_missing(lambda: needed(stored(cache), widths), train_run, jobs, cache)
 
 
 # -- the page ------------------------------------------------------------------
