@@ -11,7 +11,10 @@ separates what C changes:
 - **depth alone**: A's shape (sequence 64, batch 16, 200 steps) at 2, 4, 8 and 16
   layers;
 - **the rest alone**: C's shape (sequence 128, batch 32, 500 steps) at 2 layers
-  beside its own 8.
+  beside its own 8;
+- **its length or its steps' size**: C at 8 layers trained for A's 200 steps
+  (its batch and sequence kept), between A at 8 layers (16×64 tokens a step,
+  200 steps) and C itself (32×128 tokens a step, 500 steps).
 
 Each at width 64 (``--widths`` adds others), u-μP at ``RECOMMENDED``'s
 multipliers, lr on a ×2 grid from 2^-1 to 2^2, widened by a step while the
@@ -62,20 +65,30 @@ CACHE = DOCS / "umup_depth_runs.json"
 @dataclass(frozen=True)
 class Probe:
     """One shape: configuration ``base``'s sequence, batch and steps at
-    ``layers`` layers."""
+    ``layers`` layers, trained for ``steps`` steps when given."""
 
     base: str
     layers: int
+    steps: int | None = None
 
     @property
     def shape(self) -> Shape:
-        return dataclasses.replace(CONFIGS[self.base], layers=self.layers)
+        shape = dataclasses.replace(CONFIGS[self.base], layers=self.layers)
+        return (
+            shape
+            if self.steps is None
+            else dataclasses.replace(shape, steps=self.steps)
+        )
+
+    @property
+    def itself(self) -> bool:
+        """Whether this is the configuration's own shape."""
+        return self.shape == CONFIGS[self.base]
 
     @property
     def label(self) -> str:
         shape = self.shape
-        itself = self.layers == CONFIGS[self.base].layers
-        own = f" ({self.base} itself)" if itself else ""
+        own = f" ({self.base} itself)" if self.itself else ""
         return (
             f"{self.base}'s shape ({shape.batch_size}×{shape.seq_len} tokens, "
             f"{shape.steps} steps), {self.layers} layers{own}"
@@ -86,6 +99,7 @@ PROBES = (
     *(Probe("A", layers) for layers in (2, 4, 8, 16)),
     Probe("C", 2),
     Probe("C", 8),
+    Probe("C", 8, steps=CONFIGS["A"].steps),
 )
 
 
@@ -105,6 +119,8 @@ class Run:
         name = probe.base
         if probe.layers != CONFIGS[probe.base].layers:
             name += f"@{probe.layers}layers"
+        if probe.steps is not None and probe.steps != CONFIGS[probe.base].steps:
+            name += f"@{probe.steps}steps"
         multipliers = ",".join(
             f"{k}={v:g}" for k, v in sorted(uu.RECOMMENDED.multipliers.items())
         )
@@ -226,6 +242,9 @@ def summary(runs: Runs, width: int) -> str:
         f"2^{shallow_c:g}.",
         f"**Both** (C itself, {CONFIGS['C'].layers} layers): 2^{own_c:g}.",
     ]
+    short = next((p for p in PROBES if p.steps is not None), None)
+    if short is not None:
+        lines.append(_length_or_tokens(best, short))
     if not moved and shallow_c == lr and own_c != lr:
         c_layers = (2, CONFIGS["C"].layers)
         hidden = [best[Probe("C", n)] + depth_factor(n) for n in c_layers]  # type: ignore[operator]
@@ -245,6 +264,37 @@ def summary(runs: Runs, width: int) -> str:
             )
         )
     return "\n".join(f"- {line}" for line in lines)
+
+
+def _length_or_tokens(best: dict[Probe, float | None], short: Probe) -> str:
+    """What the shortened probe says: C's shape trained for A's steps at the
+    same depth, against A at that depth and the probe's full-length shape."""
+    full = Probe(short.base, short.layers)
+    same_depth = next(p for p in PROBES if p.base == "A" and p.layers == short.layers)
+    at_short, at_full, at_a = best[short], best[full], best[same_depth]
+    shape = short.shape
+    line = (
+        f"**{short.base}'s shape at {short.layers} layers for {shape.steps} steps** "
+        f"(its {shape.batch_size}×{shape.seq_len} tokens a step, A's length): "
+        f"2^{at_short:g}, against 2^{at_full:g} at {full.shape.steps} steps and "
+        f"2^{at_a:g} for A's shape at {short.layers} layers"
+    )
+    if at_full == at_a:
+        return line + "."
+    if at_short == at_full:
+        return line + (
+            ": the tokens in each step move the optimum at this depth, not the "
+            "number of steps."
+        )
+    if at_short == at_a:
+        return line + (
+            ": the number of steps moves the optimum; trained as long as A, this "
+            "shape does best where A's does."
+        )
+    return line + (
+        ": neither the tokens a step nor the number of steps alone accounts for "
+        "the move."
+    )
 
 
 def table(runs: Runs, width: int) -> str:
@@ -289,12 +339,13 @@ def plot(runs: Runs, path: Path, width: int) -> None:
             shift = depth_factor(probe.layers) if effective else 0.0
             xs = [x + shift for x in grid]
             colour = colours(depths.index(probe.layers) / max(1, len(depths) - 1))
+            steps = "" if probe.steps is None else f", {probe.steps} steps"
             ax.plot(
                 xs,
                 list(grid.values()),
-                "o-",
+                "o-" if probe.steps is None else "o--",
                 color=colour,
-                label=f"{probe.layers} layers",
+                label=f"{probe.layers} layers{steps}",
             )
             best = min(grid, key=grid.__getitem__)
             ax.plot(best + shift, grid[best], "*", color=colour, markersize=14)
@@ -345,8 +396,9 @@ def report(runs: Runs, out: Path, widths: Iterable[int], seconds: float | None) 
 at the recommended multipliers (`unit_scaling.RECOMMENDED`) on shapes between
 configurations A and C of [u-μP out of the box](umup_defaults.md): A's sequence,
 batch and steps at 2 to 16 layers (depth alone), and C's at 2 layers beside its
-own 8 (the rest alone). u-μP's rules give a hidden weight lr × depth^-½, which
-should hold the best lr in place as depth grows.
+own 8 (the rest alone), and C at 8 layers for A's {CONFIGS["A"].steps} steps
+(its length, or the tokens in each step?). u-μP's rules give a hidden weight
+lr × depth^-½, which should hold the best lr in place as depth grows.
 
 **Compute.** {len(own)} runs, {core_minutes:.0f} core-minutes (one CPU thread a
 run, on a 2-core machine beside other work: upper bounds).{timing}

@@ -56,6 +56,14 @@ def test_the_configurations_own_shapes_share_umup_defaults_keys(
     assert other.key != own.key and "@2layers" in other.key
     assert other.probe.shape.seq_len == ud.CONFIGS["C"].seq_len
     assert other.probe.shape.layers == 2
+    short = depth.Run(depth.Probe("C", 8, steps=200), 64, 1, 0)
+    assert short.key not in (own.key, other.key) and "@200steps" in short.key
+    assert short.probe.shape.steps == 200 and not short.probe.itself
+    assert short.probe.shape.batch_size == ud.CONFIGS["C"].batch_size
+    assert "200 steps), 8 layers" in short.probe.label
+    assert "itself" not in short.probe.label and "C itself" in own.probe.label
+    # its own length spelt out is still C itself
+    assert depth.Run(depth.Probe("C", 8, steps=500), 64, 1, 0).key == own.key
     # so a run stored by umup_defaults is not asked for again
     runs = {own.key: _run(1.5)}
     assert own.key not in {r.key for r in depth.needed(runs, [64])}
@@ -122,16 +130,28 @@ def test_the_summary_says_which_difference_moves_the_optimum(
         runs: dict[str, Any] = {}
         for probe in depth.PROBES:
             best = best_of(probe)
+            grid = range(depth.GRID[0], depth.GRID[-1] + 2)  # 2^2 inside it too
             _store_curve(
-                depth, runs, probe, {x: 2.0 + 0.1 * abs(x - best) for x in depth.GRID}
+                depth, runs, probe, {x: 2.0 + 0.1 * abs(x - best) for x in grid}
             )
         return str(depth.summary(runs, 64))
 
     # only C itself prefers 2^1: an interaction, the rule absent on C's shape
-    text = page_for(lambda p: 1 if (p.base, p.layers) == ("C", 8) else 0)
+    text = page_for(lambda p: 1 if p.itself and p.base == "C" else 0)
     assert "**Depth alone** does not move the optimum" in text
     assert "2^0/2^0/2^0/2^0" in text and "**Both** (C itself, 8 layers): 2^1" in text
     assert "together they do" in text and "as if the rule were not there" in text
+    assert "at 8 layers for 200 steps** (its 32×128 tokens a step" in text
+    assert "2^0, against 2^1 at 500 steps and 2^0 for A's shape" in text
+    assert "the number of steps moves the optimum" in text
+    # trained for 200 steps it still prefers 2^1: the tokens a step move it
+    text = page_for(lambda p: 1 if p.base == "C" and p.layers == 8 else 0)
+    assert "the tokens in each step move the optimum" in text
+    assert "number of steps moves" not in text
+    # neither
+    text = page_for(lambda p: 2 if p.steps else int(p.itself and p.base == "C"))
+    assert "neither the tokens a step nor the number of steps alone" in text
+    assert "steps** (its 32×128 tokens a step, A's length): 2^2, against 2^1" in text
     # the deep A shapes move too: depth alone does it
     text = page_for(lambda p: 1 if p.layers >= 8 else 0)
     assert "**Depth alone** moves the optimum" in text and "2^0/2^0/2^1/2^1" in text
