@@ -242,9 +242,6 @@ def summary(runs: Runs, width: int) -> str:
         f"2^{shallow_c:g}.",
         f"**Both** (C itself, {CONFIGS['C'].layers} layers): 2^{own_c:g}.",
     ]
-    short = next((p for p in PROBES if p.steps is not None), None)
-    if short is not None:
-        lines.append(_length_or_tokens(best, short))
     if not moved and shallow_c == lr and own_c != lr:
         c_layers = (2, CONFIGS["C"].layers)
         hidden = [best[Probe("C", n)] + depth_factor(n) for n in c_layers]  # type: ignore[operator]
@@ -263,37 +260,58 @@ def summary(runs: Runs, width: int) -> str:
                 else f", the {c_layers[0]}-layer model's at 2^{hidden[0]:g}."
             )
         )
+    short = next((p for p in PROBES if p.steps is not None), None)
+    if short is not None:
+        lines.append(_length_or_tokens(runs, width, short))
     return "\n".join(f"- {line}" for line in lines)
 
 
-def _length_or_tokens(best: dict[Probe, float | None], short: Probe) -> str:
-    """What the shortened probe says: C's shape trained for A's steps at the
-    same depth, against A at that depth and the probe's full-length shape."""
+def _gap(runs: Runs, probe: Probe, width: int, x: float, y: float) -> list[float]:
+    """Per seed: the loss at lr 2^x minus the loss at 2^y."""
+    return [
+        loss(runs, Run(probe, width, x, s)) - loss(runs, Run(probe, width, y, s))  # type: ignore[operator]
+        for s in SEEDS
+    ]
+
+
+def _length_or_tokens(runs: Runs, width: int, short: Probe) -> str:
+    """What the shortened probe says: how far C's preference for its own
+    optimum over A's (at the same depth) comes from the tokens in each step,
+    and how far from the number of steps."""
     full = Probe(short.base, short.layers)
     same_depth = next(p for p in PROBES if p.base == "A" and p.layers == short.layers)
-    at_short, at_full, at_a = best[short], best[full], best[same_depth]
+    x_full, x_a = best_lr(runs, full, width), best_lr(runs, same_depth, width)
+    at_short = best_lr(runs, short, width)
     shape = short.shape
     line = (
         f"**{short.base}'s shape at {short.layers} layers for {shape.steps} steps** "
-        f"(its {shape.batch_size}×{shape.seq_len} tokens a step, A's length): "
-        f"2^{at_short:g}, against 2^{at_full:g} at {full.shape.steps} steps and "
-        f"2^{at_a:g} for A's shape at {short.layers} layers"
+        f"(its {shape.batch_size}×{shape.seq_len} tokens a step, A's length): best "
+        f"2^{at_short:g}"
     )
-    if at_full == at_a:
-        return line + "."
-    if at_short == at_full:
-        return line + (
-            ": the tokens in each step move the optimum at this depth, not the "
-            "number of steps."
-        )
-    if at_short == at_a:
-        return line + (
-            ": the number of steps moves the optimum; trained as long as A, this "
-            "shape does best where A's does."
-        )
-    return line + (
-        ": neither the tokens a step nor the number of steps alone accounts for "
-        "the move."
+    if x_full == x_a:
+        return line + f", and 2^{x_a:g} at both ends: nothing to separate."
+    shapes = {
+        f"A's shape at {short.layers} layers": same_depth,
+        f"{short.base}'s at {shape.steps} steps": short,
+        f"{short.base}'s at {full.shape.steps} steps": full,
+    }
+    gaps = {name: _gap(runs, p, width, x_full, x_a) for name, p in shapes.items()}  # type: ignore[arg-type]
+    means = [statistics.fmean(g) for g in gaps.values()]
+    tokens, length = means[0] - means[1], means[1] - means[2]
+    if tokens >= 3 * length:
+        verdict = "mostly the tokens in each step move it, not the number of steps"
+    elif length >= 3 * tokens:
+        verdict = "mostly the number of steps moves it, not the tokens in each step"
+    else:
+        verdict = "both move it, in similar measure"
+    per_shape = "; ".join(
+        f"{name} {statistics.fmean(g):+.3f} ({', '.join(f'{v:+.3f}' for v in g)})"
+        for name, g in gaps.items()
+    )
+    return (
+        f"{line}. Loss at 2^{x_full:g} minus loss at 2^{x_a:g} (mean; each seed): "
+        f"{per_shape}. Of the change, the tokens a step account for {tokens:.3f} "
+        f"and the length for {length:.3f}: {verdict}."
     )
 
 
@@ -328,7 +346,7 @@ def plot(runs: Runs, path: Path, width: int) -> None:
         ),
         ("C", False, "C's shape: loss against the lr you set"),
     )
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 5.0))
     colours = plt.get_cmap("viridis")
     depths = sorted({p.layers for p in PROBES})
     for ax, (base, effective, title) in zip(axes, panels, strict=True):
@@ -360,7 +378,9 @@ def plot(runs: Runs, path: Path, width: int) -> None:
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("log2 lr" + (" × depth^-½" if effective else ""))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(  # below the axes: the curves span the whole panel
+            fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=3
+        )
     axes[0].set_ylabel(f"validation loss, mean of seeds {SEEDS} (★ best)")
     fig.suptitle(f"u-μP at the recommended multipliers, width {width}", fontsize=11)
     fig.tight_layout()

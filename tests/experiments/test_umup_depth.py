@@ -126,7 +126,7 @@ def test_the_shape_trainer_runs_both_sides_and_repeats_itself(
 def test_the_summary_says_which_difference_moves_the_optimum(
     depth: ModuleType,
 ) -> None:
-    def page_for(best_of: Callable[[Any], int]) -> str:
+    def page_for(best_of: Callable[[Any], float]) -> str:
         runs: dict[str, Any] = {}
         for probe in depth.PROBES:
             best = best_of(probe)
@@ -142,16 +142,21 @@ def test_the_summary_says_which_difference_moves_the_optimum(
     assert "2^0/2^0/2^0/2^0" in text and "**Both** (C itself, 8 layers): 2^1" in text
     assert "together they do" in text and "as if the rule were not there" in text
     assert "at 8 layers for 200 steps** (its 32×128 tokens a step" in text
-    assert "2^0, against 2^1 at 500 steps and 2^0 for A's shape" in text
-    assert "the number of steps moves the optimum" in text
+    # 2^1 − 2^0 is +0.1 for A at 8 layers and for C at 200 steps, −0.1 at 500
+    assert "A's shape at 8 layers +0.100 (+0.100, +0.100)" in text
+    assert "C's at 200 steps +0.100" in text and "C's at 500 steps -0.100" in text
+    assert "the tokens a step account for 0.000 and the length for 0.200" in text
+    assert "mostly the number of steps moves it" in text
     # trained for 200 steps it still prefers 2^1: the tokens a step move it
     text = page_for(lambda p: 1 if p.base == "C" and p.layers == 8 else 0)
-    assert "the tokens in each step move the optimum" in text
-    assert "number of steps moves" not in text
-    # neither
-    text = page_for(lambda p: 2 if p.steps else int(p.itself and p.base == "C"))
-    assert "neither the tokens a step nor the number of steps alone" in text
-    assert "steps** (its 32×128 tokens a step, A's length): 2^2, against 2^1" in text
+    assert "best 2^1. Loss at 2^1 minus loss at 2^0" in text
+    assert "mostly the tokens in each step move it" in text
+    # a tie between 2^0 and 2^1 at 200 steps: half the change each
+    text = page_for(lambda p: 0.5 if p.steps else int(p.itself and p.base == "C"))
+    assert "account for 0.100 and the length for 0.100: both move it" in text
+    # nothing to separate where A at 8 layers and C agree
+    text = page_for(lambda p: 0)
+    assert "2^0 at both ends: nothing to separate" in text
     # the deep A shapes move too: depth alone does it
     text = page_for(lambda p: 1 if p.layers >= 8 else 0)
     assert "**Depth alone** moves the optimum" in text and "2^0/2^0/2^1/2^1" in text
