@@ -343,8 +343,13 @@ def verdicts(runs: Runs, config: str) -> tuple[str, str]:
     'met', 'not met' or 'not measured yet', with the numbers."""
     first, last = seeds(runs, config, "u-μP", WIDTHS[0]), None
     last = seeds(runs, config, "u-μP", WIDTHS[-1])
-    if first is None or last is None or len(last.losses) < len(SEEDS):
+    if first is None or last is None:
         gain = "not measured yet (width 512 has not run)"
+    elif len(last.losses) < len(SEEDS):
+        gain = (
+            f"not measured yet; so far width 512 {last.text()} against width 64 "
+            f"{first.mean:.3f}"
+        )
     else:
         margin = max(first.spread, last.spread)
         drop = first.mean - last.mean
@@ -372,7 +377,36 @@ def verdicts(runs: Runs, config: str) -> tuple[str, str]:
             f"width, {measured})"
             + ("" if complete else "; other widths not measured yet")
         )
+    done = {w for w, _ in rows}
+    early = [e for w in WIDTHS if w not in done and (e := _sp_ahead(runs, config, w))]
+    if early:
+        versus += "; early sign against it: " + "; ".join(early)
     return gain, versus
+
+
+def _sp_ahead(runs: Runs, config: str, width: int) -> str:
+    """Where a width is not finished: any SP run already better than u-μP at
+    the recommended values on the same seed (SP's tuned mean can only gain from
+    the rest of its sweep; other seeds may still reverse it)."""
+    lr = math.log2(uu.RECOMMENDED.lr)
+    for seed in SEEDS:
+        umup = loss(runs, Task(config, "u-μP", width, lr, seed))
+        if umup is None:
+            continue
+        sp = {
+            x: v
+            for x in range(
+                SP_GUESS[width] - 1 - MAX_WIDENING, SP_GUESS[width] + 2 + MAX_WIDENING
+            )
+            if (v := loss(runs, Task(config, "SP", width, x, seed))) is not None
+        }
+        if sp and min(sp.values()) < umup:
+            x = min(sp, key=lambda k: sp[k])
+            return (
+                f"at width {width}, seed {seed}, SP at 2^{x:g} ({sp[x]:.3f}) is "
+                f"already below u-μP ({umup:.3f})"
+            )
+    return ""
 
 
 def table(runs: Runs, config: str) -> str:

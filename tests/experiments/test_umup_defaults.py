@@ -101,6 +101,34 @@ def test_verdicts_of_a_complete_configuration(ud: ModuleType) -> None:
     assert ud.verdicts({}, "C")[0].startswith("not measured")
 
 
+def test_an_unfinished_width_gives_its_early_signs(ud: ModuleType) -> None:
+    runs = _complete(
+        ud,
+        dict(zip(ud.WIDTHS, (2.2, 2.1, 2.0, 1.9), strict=True)),
+        dict.fromkeys(ud.WIDTHS, 2.3),
+    )
+    wide = [k for k in runs if "/512/" in k]
+    for key in wide:
+        del runs[key]
+    _store(ud, runs, ud.Task("C", "u-μP", 512, 0.0, 0), 1.95)
+    gain, versus = ud.verdicts(runs, "C")
+    assert gain == (
+        "not measured yet; so far width 512 1.950 (1 seed(s)) against width 64 2.200"
+    )
+    assert versus.startswith("met at the widths measured")
+    assert "early sign" not in versus  # no SP run at width 512 yet
+    # SP's unfinished sweep: one lr behind u-μP on seed 0, one ahead
+    _store(ud, runs, ud.Task("C", "SP", 512, -10, 0), 1.97)
+    assert "early sign" not in ud.verdicts(runs, "C")[1]
+    _store(ud, runs, ud.Task("C", "SP", 512, -11, 0), 1.93)
+    _store(ud, runs, ud.Task("C", "SP", 512, -12, 1), 1.0)  # no u-μP seed 1: unused
+    versus = ud.verdicts(runs, "C")[1]
+    assert versus.endswith(
+        "; early sign against it: at width 512, seed 0, SP at 2^-11 (1.930) is "
+        "already below u-μP (1.950)"
+    )
+
+
 def test_the_page_says_what_is_missing(ud: ModuleType, tmp_path: Path) -> None:
     runs = _complete(
         ud,
