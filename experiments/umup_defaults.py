@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 from _common import DOCS, make_model, markdown_table, reflow, train, validation_set
@@ -525,13 +525,21 @@ def plot(runs: Runs, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(CONFIGS), figsize=(5 * len(CONFIGS), 4.2))
+    unfinished_label = "hollow: unfinished (fewer seeds; SP: its sweep's best so far)"
     for ax, (name, shape) in zip(axes, CONFIGS.items(), strict=True):
         for side, colour in (("u-μP", "tab:blue"), ("SP", "tab:orange")):
             xs, means, lows, highs = [], [], [], []
+            unfinished: list[tuple[int, float]] = []
             for width in WIDTHS:
                 summary = seeds(runs, name, side, width)
+                if summary is None and side == "SP":
+                    swept = [v for v in sp_sweep(runs, name, width).values() if v]
+                    if swept:
+                        unfinished.append((width, min(swept)))
                 if summary is None:
                     continue
+                if len(summary.losses) < len(SEEDS):
+                    unfinished.append((width, summary.mean))
                 xs.append(width)
                 means.append(summary.mean)
                 lows.append(summary.mean - min(summary.losses))
@@ -557,6 +565,17 @@ def plot(runs: Runs, path: Path) -> None:
                 capsize=3,
                 label=label,
             )
+            if unfinished:
+                ax.plot(
+                    *zip(*unfinished, strict=True),
+                    "o",
+                    color=colour,
+                    markerfacecolor="white",
+                    markersize=9,
+                    zorder=3,
+                    label=unfinished_label,
+                )
+                unfinished_label = "_"  # one legend entry for the figure
         ax.set_xscale("log", base=2)
         ax.set_xlim(WIDTHS[0] / 1.3, WIDTHS[-1] * 1.3)
         ax.set_xticks(list(WIDTHS), [str(w) for w in WIDTHS])
@@ -571,8 +590,14 @@ def plot(runs: Runs, path: Path) -> None:
         )
         ax.set_xlabel("width")
     axes[0].set_ylabel("validation loss (mean of seeds; bars: min–max)")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
+    entries: dict[str, Any] = {}  # one entry per label, from whichever panel
+    for ax in axes:
+        for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(text, handle)
+    fig.legend(
+        list(entries.values()), list(entries), fontsize=8, loc="lower center", ncol=3
+    )
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
