@@ -393,11 +393,9 @@ def _sp_ahead(runs: Runs, config: str, width: int) -> str:
         umup = loss(runs, Task(config, "u-μP", width, lr, seed))
         if umup is None:
             continue
-        sp = {
+        sp = {  # the lrs of seed 0's sweep: every lr any seed of SP runs
             x: v
-            for x in range(
-                SP_GUESS[width] - 1 - MAX_WIDENING, SP_GUESS[width] + 2 + MAX_WIDENING
-            )
+            for x in sp_sweep(runs, config, width)
             if (v := loss(runs, Task(config, "SP", width, x, seed))) is not None
         }
         if sp and min(sp.values()) < umup:
@@ -533,7 +531,9 @@ def plot(runs: Runs, path: Path) -> None:
             for width in WIDTHS:
                 summary = seeds(runs, name, side, width)
                 if summary is None and side == "SP":
-                    swept = [v for v in sp_sweep(runs, name, width).values() if v]
+                    swept = [
+                        v for v in sp_sweep(runs, name, width).values() if v is not None
+                    ]
                     if swept:
                         unfinished.append((width, min(swept)))
                 if summary is None:
