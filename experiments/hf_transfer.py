@@ -33,6 +33,7 @@ import math
 import re
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -524,15 +525,44 @@ native modules.
 """
 
 
-# The stored GPT-2 u-μP runs were trained before unit_scale tagged Conv1D
-# weights with their fan-in; delete them from the cache to train them again.
-GPT2_FAN_IN_CAVEAT = (
-    "These runs were trained before `unit_scale` tagged GPT-2's `Conv1D` weights "
-    "with their fan-in (2026-11-26): `c_attn` learned √3 too slowly, `c_fc` 2× too "
-    "slowly and the MLP's `c_proj` 2× too fast. Untied, the fix changes the loss "
-    "by +0.02 at width 64 and −0.04 at width 512 ([page](umup_width.md)); these "
-    "tied runs have not been repeated with it."
-)
+# GPT-2's u-μP row before unit_scale tagged its Conv1D weights with their fan-in
+# (2026-11-26): width -> (log2 lr, loss) at each width's optimum. The runs were
+# trained again with the tag; the page compares the two.
+GPT2_UMUP_BEFORE_FAN_IN: dict[int, tuple[int, float]] = {
+    64: (-1, 2.285),
+    128: (-1, 2.225),
+    256: (-2, 2.236),
+    512: (-2, 2.257),
+}
+
+
+def fan_in_note(by_width: Mapping[int, Mapping[int, float]]) -> str:
+    """How GPT-2's u-μP optima moved when ``unit_scale`` began tagging ``Conv1D``
+    weights with their fan-in, at the widths both have; "" if none."""
+    widths = [w for w in GPT2_UMUP_BEFORE_FAN_IN if by_width.get(w)]
+    if not widths:
+        return ""
+    before = {w: GPT2_UMUP_BEFORE_FAN_IN[w] for w in widths}
+    now = {}
+    for w in widths:
+        best = int(optimum(by_width[w])[0])
+        now[w] = (best, by_width[w][best])
+
+    def cells(optima: Mapping[int, tuple[int, float]]) -> str:
+        return " / ".join(f"{loss:.3f} (2^{lr})" for lr, loss in optima.values())
+
+    def span(optima: Mapping[int, tuple[int, float]]) -> float:
+        return optima[widths[-1]][1] - optima[widths[0]][1]
+
+    change = " / ".join(f"{now[w][1] - before[w][1]:+.3f}" for w in widths)
+    return (
+        "These runs were trained again after `unit_scale` began tagging GPT-2's "
+        "`Conv1D` weights with their fan-in (2026-11-26; before, `c_attn` learned "
+        "√3 too slowly, `c_fc` 2× too slowly and the MLP's `c_proj` 2× too fast). "
+        f"Best loss (lr) at widths {' / '.join(map(str, widths))}: before "
+        f"{cells(before)}, now {cells(now)}; change {change}. Widest minus "
+        f"narrowest: before {span(before):+.3f}, now {span(now):+.3f}."
+    )
 
 
 def report(
@@ -569,11 +599,12 @@ def report(
                 if moved is not None
                 else "Not every run has finished yet."
             )
-            caveat = (
-                f"\n{GPT2_FAN_IN_CAVEAT}\n"
+            note = (
+                fan_in_note(by_width)
                 if (family, parametrisation) == ("gpt2", "u-μP")
                 else ""
             )
+            caveat = f"\n{note}\n" if note else ""
             sections.append(
                 f"### {family}, {parametrisation}\n\n{table}\n\n{verdict}\n{caveat}"
             )

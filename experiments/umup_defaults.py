@@ -706,9 +706,11 @@ gain from width](umup_width.md) (one seed each):
   help): it acts on training. Why the readout's scale decides whether width pays
   off at this budget is not established.
 - A `unit_scale`d GPT-2 ties its readout to the embedding table, which took the
-  weight rule's lr/√width in both uses. Untied, it gains from width (−0.185 from
-  64 to 512 at lr 2^-1); tied, with the table now tagged `output`, it is 0.16–0.22
-  better at every width but still flat. Untie it for u-μP.
+  weight rule's lr/√width in both uses. Untied, it gains from width (−0.242 from
+  64 to 512 at lr 2^-1, with its `Conv1D` weights tagged with their fan-in);
+  tied, with the table now tagged `output`, it is 0.16–0.22 better at every width
+  but nearly flat (−0.044 at each width's best lr, with the fan-in tag). Untie it
+  for u-μP.
 
 {chr(10).join(sections)}
 ## What moves u-μP's best learning rate

@@ -79,6 +79,25 @@ def test_fp8_finding_on_default_settings(
     assert final["SP FP8 + loss scale 2^12"] < 1.03 * final["SP FP32"]
 
 
+def test_hf_transfer_fan_in_note_compares_optima(
+    load_experiment: Callable[[str], ModuleType],
+) -> None:
+    experiment = load_experiment("hf_transfer")
+    # Widths 64 and 512 re-run (each with its own optimum), 128 and 256 not yet.
+    by_width = {
+        64: {-2: 2.35, -1: 2.30, 0: 2.40},
+        128: {},
+        512: {-3: 2.25, -2: 2.20, -1: 2.21},
+    }
+    note = experiment.fan_in_note(by_width)
+    assert "widths 64 / 512:" in note
+    assert "before 2.285 (2^-1) / 2.257 (2^-2)" in note
+    assert "now 2.300 (2^-1) / 2.200 (2^-2)" in note
+    assert "change +0.015 / -0.057" in note
+    assert "before -0.028, now -0.100" in note
+    assert experiment.fan_in_note({32: {-1: 2.0}}) == ""  # no width in common
+
+
 def test_hf_transfer_quick_run_resumes_from_its_cache(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
