@@ -24,6 +24,12 @@ checked on other widths, depths, sequence lengths and training lengths
   has neither multiplier: it was the best of a ×2 grid at every width (64 to
   512) for a Llama-style decoder (``docs/results/hf_transfer.md``).
 
+They are a start, not an optimum everywhere. On the deepest configuration
+measured (8 layers, 500 steps of 32×128 tokens), u-μP at these values gains from
+width but trails SP with its lr tuned at width 512 (validation loss 1.346 against
+1.319, 3 seeds each), and lr 2¹ beats 2⁰ there by 0.06–0.09 at widths 64–256;
+on the 4-layer configuration 2¹ is worse, so tune the lr on a proxy of your own.
+
 Every page and example that starts a u-μP model reads its values from here, so
 changing one value here changes them all.
 
