@@ -551,7 +551,7 @@ def fan_in_note(by_width: Mapping[int, Mapping[int, float]]) -> str:
     def cells(optima: Mapping[int, tuple[int, float]]) -> str:
         return " / ".join(f"{loss:.3f} (2^{lr})" for lr, loss in optima.values())
 
-    def span(optima: Mapping[int, tuple[int, float]]) -> float:
+    def widest_minus_narrowest(optima: Mapping[int, tuple[int, float]]) -> float:
         return optima[widths[-1]][1] - optima[widths[0]][1]
 
     change = " / ".join(f"{now[w][1] - before[w][1]:+.3f}" for w in widths)
@@ -561,7 +561,8 @@ def fan_in_note(by_width: Mapping[int, Mapping[int, float]]) -> str:
         "√3 too slowly, `c_fc` 2× too slowly and the MLP's `c_proj` 2× too fast). "
         f"Best loss (lr) at widths {' / '.join(map(str, widths))}: before "
         f"{cells(before)}, now {cells(now)}; change {change}. Widest minus "
-        f"narrowest: before {span(before):+.3f}, now {span(now):+.3f}."
+        f"narrowest: before {widest_minus_narrowest(before):+.3f}, now "
+        f"{widest_minus_narrowest(now):+.3f}."
     )
 
 
@@ -604,9 +605,9 @@ def report(
                 if (family, parametrisation) == ("gpt2", "u-μP")
                 else ""
             )
-            caveat = f"\n{note}\n" if note else ""
             sections.append(
-                f"### {family}, {parametrisation}\n\n{table}\n\n{verdict}\n{caveat}"
+                f"### {family}, {parametrisation}\n\n{table}\n\n{verdict}\n"
+                + (f"\n{note}\n" if note else "")
             )
     settings = "\n".join(f"- {k}: {v}" for k, v in asdict(config).items())
     total = sum(len(r) for f in losses.values() for p in f.values() for r in p.values())

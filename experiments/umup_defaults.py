@@ -389,13 +389,14 @@ def _sp_ahead(runs: Runs, config: str, width: int) -> str:
     the recommended values on the same seed (SP's tuned mean can only gain from
     the rest of its sweep; other seeds may still reverse it)."""
     lr = math.log2(uu.RECOMMENDED.lr)
+    swept = sp_sweep(runs, config, width)  # seed 0's lrs: every lr any SP seed runs
     for seed in SEEDS:
         umup = loss(runs, Task(config, "u-μP", width, lr, seed))
         if umup is None:
             continue
-        sp = {  # the lrs of seed 0's sweep: every lr any seed of SP runs
+        sp = {
             x: v
-            for x in sp_sweep(runs, config, width)
+            for x in swept
             if (v := loss(runs, Task(config, "SP", width, x, seed))) is not None
         }
         if sp and min(sp.values()) < umup:
@@ -530,13 +531,15 @@ def plot(runs: Runs, path: Path) -> None:
             unfinished: list[tuple[int, float]] = []
             for width in WIDTHS:
                 summary = seeds(runs, name, side, width)
-                if summary is None and side == "SP":
-                    swept = [
-                        v for v in sp_sweep(runs, name, width).values() if v is not None
-                    ]
-                    if swept:
-                        unfinished.append((width, min(swept)))
                 if summary is None:
+                    if side == "SP":  # its seed-0 sweep's best so far, if any
+                        swept = [
+                            v
+                            for v in sp_sweep(runs, name, width).values()
+                            if v is not None
+                        ]
+                        if swept:
+                            unfinished.append((width, min(swept)))
                     continue
                 if len(summary.losses) < len(SEEDS):
                     unfinished.append((width, summary.mean))
