@@ -32,7 +32,11 @@ from .. import functional as U
 from .._fx_names import module_path, target_name
 from ..functional._scaling import attention_scales
 from ..scale import scale_bwd, scale_fwd
-from ..transforms._capture.targets import calibrated_scale, sum_branches
+from ..transforms._capture.targets import (
+    broadcast_gradient,
+    calibrated_scale,
+    sum_branches,
+)
 from ._probe import (
     Unit,
     flatten_call,
@@ -95,6 +99,9 @@ _COUNTERPARTS: dict[Callable[..., Any], Callable[..., Any]] = {
     U.sum: torch.sum,
     U.mean: torch.mean,
     calibrated_scale: lambda input, factor: input,
+    broadcast_gradient: lambda input, other: input,
+    U.step_mean: lambda loss, count, step_count: loss / step_count,
+    U.micro_batch_loss: lambda loss, fraction: loss * fraction,
     scale_fwd: lambda input, scale: input,
     sum_branches: _sum,
 }

@@ -25,6 +25,7 @@ from . import (
     residual,
     routing,
     sparse,
+    steps,
 )
 from . import linear as _linear  # (`linear` names its function here)
 from . import softcap as _softcap  # (`softcap` names its function here)
@@ -45,6 +46,7 @@ from .residual import *  # noqa: F403
 from .routing import *  # noqa: F403
 from .softcap import *  # noqa: F403
 from .sparse import *  # noqa: F403
+from .steps import *  # noqa: F403
 
 __all__ = [
     *activation.__all__,
@@ -63,5 +65,6 @@ __all__ = [
     *routing.__all__,
     *_softcap.__all__,
     *sparse.__all__,
+    *steps.__all__,
     "torch_map",
 ]

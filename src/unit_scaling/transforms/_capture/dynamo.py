@@ -190,13 +190,19 @@ def _readable_name(root: str, steps: list[_Step], self_name: str) -> str:
 
 
 def name_placeholders(gm: GraphModule, self_name: str) -> None:
-    """Set ``meta["source_name"]`` of each placeholder to a readable name (read
+    """Set ``meta["source_name"]`` of each placeholder to a readable name, and
+    ``meta["call_argument"]`` to whether it is an argument of the call itself (or
+    an item of one), rather than read off a tensor (its size) or a module (read
     while the backend runs: Dynamo drops ``meta["grapharg"]`` afterwards)."""
     for node in gm.graph.find_nodes(op="placeholder"):
         arg = node.meta.get("grapharg")
         steps = _source_steps(arg.source) if arg is not None else None
         if steps is not None:
             node.meta["source_name"] = _readable_name(*steps, self_name)
+            root, path = steps
+            node.meta["call_argument"] = root != self_name and all(
+                kind == "item" for kind, _ in path
+            )
 
 
 def anchor_module_paths(

@@ -105,6 +105,10 @@ class CaptureContext:
     # of the module's parameters by id (FSDP2's gathered stand-ins included).
     graphs_before: tuple[tuple[GraphModule, tuple[Any, ...]], ...] = ()
     parameter_names: dict[int, list[str]] = dataclasses.field(default_factory=dict)
+    # The numbers the caller passed (Python ints and floats, anywhere in the
+    # arguments): Dynamo bakes such a number into a graph as a constant until
+    # it changes, so this tells a count the caller passes from a literal.
+    call_numbers: frozenset[float] = frozenset()
 
 
 class StatefulPass:
@@ -362,6 +366,10 @@ class TransformedForward:
         self._state = state
         self._seen_type: type[nn.Module] | None = None
         self._original = dynamo.fresh_forward(module)  # called with the module
+        # What inspect.signature reports: the module's own forward's parameters,
+        # so that tools which read them (Trainer's column pruning, Accelerate,
+        # PEFT) see the model's arguments, not (*args, **kwargs).
+        self.__signature__ = _forward_signature(module)
         # The frame Dynamo captures is this function's own, decorators included.
         signature = inspect.signature(type(module).forward, follow_wrapped=False)
         self._self_name = next(iter(signature.parameters), "self")
@@ -408,6 +416,11 @@ class TransformedForward:
                 for c in state.graphs_run_in_call
             ),
             names,
+            frozenset(
+                x
+                for x in pytree.tree_leaves(state.current_call or ())
+                if isinstance(x, (int, float)) and not isinstance(x, bool)
+            ),
         )
         gm = _run_passes(state, gm, context)
         capture = Capture(gm, replay_inputs)
@@ -526,6 +539,21 @@ class TransformedForward:
             )
         self._before_call(args, kwargs)
         return replay(self._module, args, kwargs)
+
+
+def _forward_signature(module: nn.Module) -> inspect.Signature:
+    """The signature of ``module``'s forward as a bound method (``self`` left
+    out, decorators such as ``functools.wraps`` followed); ``(*args, **kwargs)``
+    if Python cannot read one (a forward written in C, say)."""
+    try:
+        return inspect.signature(types.MethodType(type(module).forward, module))
+    except (TypeError, ValueError):
+        return inspect.Signature(
+            [
+                inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+                inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
+            ]
+        )
 
 
 def _own_block_forwards(module: nn.Module) -> None:

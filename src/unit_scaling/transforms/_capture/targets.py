@@ -7,14 +7,16 @@ it rescales once, after its scale.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
+import torch
 from torch import Tensor
 
 from ...scale import scale_bwd, scale_fwd
 
-__all__ = ["RESCALING", "calibrated_scale", "sum_branches"]
+__all__ = ["RESCALING", "broadcast_gradient", "calibrated_scale", "sum_branches"]
 
 
 def calibrated_scale(input: Tensor, factor: float) -> Tensor:
@@ -32,7 +34,18 @@ def sum_branches(*branches: Tensor) -> Tensor:
     return cast(Tensor, total * len(branches) ** -0.5)
 
 
+def broadcast_gradient(input: Tensor, other: Sequence[int]) -> Tensor:
+    """``input``, whose gradient is scaled by ``expansion^-½``: ``expansion`` is
+    how many times broadcasting ``input`` against the shape ``other`` (the
+    other operand's size, passed as a size so that the graph shows no data
+    flowing from it) repeats each of its elements. Read from the shapes of each
+    call: a graph captured with dynamic shapes scales each batch by its own."""
+    shape = torch.broadcast_shapes(input.shape, other)  # type: ignore[no-untyped-call]
+    expansion = math.prod(shape) / max(input.numel(), 1)
+    return scale_bwd(input, expansion**-0.5) if expansion > 1 else input
+
+
 # Targets whose output is their first argument rescaled, in value or gradient.
 RESCALING: frozenset[Callable[..., Any]] = frozenset(
-    {scale_bwd, scale_fwd, calibrated_scale}
+    {scale_bwd, scale_fwd, calibrated_scale, broadcast_gradient}
 )

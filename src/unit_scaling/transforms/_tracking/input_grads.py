@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextvars
 import copy
+import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -65,6 +66,8 @@ class InputGradFallback:
         self._forward = forward
         self._state = state
         self.inputs_as_given = False
+        # The wrapped forward's parameters, as inspect.signature reports them.
+        self.__signature__ = inspect.signature(forward)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():

@@ -21,7 +21,7 @@ from ..._fx_names import module_path
 from ...scale import scale_bwd
 from .._capture.graph import have_common_ancestor, is_add, retarget
 from .._capture.opaque import UNIT_SCALED_FUNCTIONS
-from .._capture.targets import calibrated_scale, sum_branches
+from .._capture.targets import broadcast_gradient, calibrated_scale, sum_branches
 from .regions import (
     is_rearrangement,
 )
@@ -50,7 +50,15 @@ __all__ = [
 logger = logging.getLogger("unit_scaling.transforms.unit_scale")
 
 # Our own graph targets, which the other stages leave alone.
-OURS = frozenset({*UNIT_SCALED_FUNCTIONS, scale_bwd, calibrated_scale, sum_branches})
+OURS = frozenset(
+    {
+        *UNIT_SCALED_FUNCTIONS,
+        scale_bwd,
+        calibrated_scale,
+        sum_branches,
+        broadcast_gradient,
+    }
+)
 
 
 def op_name(node: Node) -> str:

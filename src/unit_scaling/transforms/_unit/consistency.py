@@ -35,6 +35,7 @@ from torch.fx import Graph, Node
 
 from ... import functional as U
 from ...scale import scale_bwd
+from .._capture.targets import broadcast_gradient
 from .gradients import toward_loss
 from .rules import get_argument, set_argument
 from .values import GraphValues, Kind
@@ -268,7 +269,7 @@ def scale_broadcast_gradients(graph: Graph, values: GraphValues) -> None:
     ``beta / alpha``. Applied before regions are calibrated, so that a region
     holding such an op measures its gradients with the scale in place."""
     order = {n: i for i, n in enumerate(graph.nodes)}
-    found: list[tuple[Node, Node, float]] = []
+    found: list[tuple[Node, Node, Node, float]] = []
     for node in graph.nodes:
         if node.op not in ("call_function", "call_method"):
             continue
@@ -289,14 +290,19 @@ def scale_broadcast_gradients(graph: Graph, values: GraphValues) -> None:
             if count == 1 or dims == {len(out.shape) - 1}:
                 continue
             if not _depends_on(operand, other, order):
-                found.append((node, operand, count**-0.5))
-    for node, operand, factor in found:
+                found.append((node, operand, other, count**-0.5))
+    for node, operand, other, factor in found:
         with graph.inserting_before(node):
-            scaled = graph.call_function(scale_bwd, (operand, factor))
+            # (the factor is read from the shapes of each call: the batch of a
+            # dynamic-shape graph changes)
+            size = graph.call_method("size", (other,))
+            scaled = graph.call_function(broadcast_gradient, (operand, size))
+        values.kinds[size] = Kind.CONST
+        scaled.meta["capture_factor"] = factor
         node.replace_input_with(operand, scaled)
         values.record_like(scaled, operand)
         logger.info(
-            "scaling a broadcast gradient: %s -> %s (gradient x%.4g)",
+            "scaling a broadcast gradient: %s -> %s (gradient x%.4g here)",
             node,
             operand,
             factor,
@@ -340,7 +346,9 @@ def _path_factors(
 
 def _ratio(user: Node, node: Node, rho: dict[tuple[Node, Node], float]) -> float:
     """``beta / alpha`` of ``user`` for its input ``node``."""
-    if user.target is scale_bwd:  # a broadcast's gradient scale
+    if user.target is broadcast_gradient:  # its factor at the shapes captured
+        return float(user.meta["capture_factor"])
+    if user.target is scale_bwd:  # a calibrated gradient scale
         factor = user.args[1]
         assert isinstance(factor, (int, float))
         return float(factor)

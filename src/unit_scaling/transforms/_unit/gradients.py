@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 from torch.fx import Graph, GraphModule, Node
 
+from ... import functional as U
 from ..._standins import normal_like, seeded
 from ...scale import scale_bwd
 from .._capture.dynamo import restore_functorch_levels
@@ -302,6 +303,7 @@ def calibrate_gradients(
             restore_functorch_levels(),
         ):
             module, count = _with_outputs(gm, vertices)
+            _as_whole_steps(module)
             stand_ins = _stand_in_inputs(placeholders, context, values, seed)
             results = run_quietly(module, *stand_ins)
             chosen = [results[i] for i in loss_outputs(gm.graph, values)]
@@ -357,6 +359,20 @@ def calibrate_gradients(
         n: r for n, r in zip(inner, sizes[len(params) :], strict=True) if r is not None
     }
     return GradientCalibration(measured_vertices, measured_params)
+
+
+def _as_whole_steps(gm: GraphModule) -> None:
+    """Make every ``U.step_mean`` of ``gm`` (a copy) the mean of its own
+    elements: its share of a step (``sqrt(n / N)`` on the gradient) is the
+    training loop's business, not a scale for the ops upstream to correct."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is U.step_mean:
+            loss, count, _ = node.args
+            node.args = (loss, count, count)
+            changed = True
+    if changed:
+        gm.recompile()
 
 
 def _moments(gradient: Tensor) -> tuple[float, float]:

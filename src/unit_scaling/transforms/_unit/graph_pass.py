@@ -23,6 +23,7 @@ from .._capture.engine import (
     CapturePass,
 )
 from .._capture.fallbacks import collecting, fell_back
+from .._capture.targets import broadcast_gradient
 from .analytic import (
     OURS,
     op_name,
@@ -54,6 +55,7 @@ from .gradients import (
     scale_gradient,
 )
 from .inplace import functionalize_inplace
+from .normalisation import recognise_step_means, unrecognised_normalisers
 from .params import (
     graph_roles,
     initialise,
@@ -117,6 +119,7 @@ class UnitScalingPass(CapturePass):
         self.cut_scales: dict[str, float] = dict(cut_scales or {})
 
         self.constant_outputs: dict[int, frozenset[int]] = {}
+        self.warned_normalisation = False
 
     def fresh(self) -> UnitScalingPass:
         return UnitScalingPass(
@@ -218,7 +221,7 @@ class UnitScalingPass(CapturePass):
             for n in cuts
             if n.op == "call_function"
             and n.target in OURS
-            and n.target is not scale_bwd
+            and n.target not in (scale_bwd, broadcast_gradient)
         ]
         # A vertex's gradient depends on what is summed downstream of it (the
         # tokens of a broadcast conditioning vector): keyed by the shapes of
@@ -380,6 +383,30 @@ class UnitScalingPass(CapturePass):
             )
         return readable
 
+    def _warn_unrecognised(
+        self,
+        graph: Graph,
+        values: GraphValues,
+        passed: set[Node],
+        context: CaptureContext,
+    ) -> None:
+        """One warning per module for a loss normalised by an argument of the
+        call in a way ``recognise_step_means`` does not know."""
+        names = unrecognised_normalisers(graph, values, passed)
+        if not names or self.warned_normalisation:
+            return
+        self.warned_normalisation = True
+        logger.warning(
+            "unit_scale: the loss of %s depends on %s, passed in by the caller, "
+            "through ops that unit_scale does not recognise as a normalisation, so "
+            "its gradient is not unit-scaled whatever that value is. Divide a "
+            "sum-reduced loss by it (loss_sum / count: recognised as "
+            "unit_scaling.functional.step_mean), or compute the loss from the "
+            "model's output with U.cross_entropy and U.step_mean",
+            type(context.module).__name__,
+            ", ".join(names),
+        )
+
     def _freeze_functorch_sections(
         self, graph: Graph, values: GraphValues
     ) -> set[Node]:
@@ -426,6 +453,15 @@ class UnitScalingPass(CapturePass):
         for rule, node in rewrite_patterns(graph, values):
             record_op(report, node, "analytic", f"recognised: {rule}")
         replace_with_unit_scaled(graph, values, report)
+        placeholders = zip(
+            graph.find_nodes(op="placeholder"), context.example_inputs, strict=False
+        )
+        passed = {
+            node for node, value in placeholders if id(value) in context.call_inputs
+        }
+        recognise_step_means(graph, values, report, passed, context.call_numbers)
+        self._warn_unrecognised(graph, values, passed, context)
+        model_inputs = {node for node in passed if values.is_data(node)}
         residuals = find_residuals(graph, values)
         self.residual_counts[id(gm)] = len(residuals)
         if self.residual_scaling is not None:
@@ -446,14 +482,6 @@ class UnitScalingPass(CapturePass):
         readable = self._initialise_parameters(graph, values, context)
         scale_broadcast_gradients(graph, values)
         calibrate_regions(gm, values, report, frozen, self.measured)
-        placeholders = zip(
-            graph.find_nodes(op="placeholder"), context.example_inputs, strict=False
-        )
-        model_inputs = {
-            node
-            for node, value in placeholders
-            if id(value) in context.call_inputs and values.is_data(node)
-        }
         unconstrain_consistently(graph, values)
         unconstrain_inputs(graph, model_inputs)
         scale_direct_parameter_gradients(graph, values)

@@ -49,6 +49,7 @@ from ... import functional as U
 from ..._torch_internals import ConvNdBase
 from ...scale import scale_bwd
 from .._capture.library import AttentionFunctions
+from .._capture.targets import broadcast_gradient
 from .regions import is_rearrangement
 from .rules import WEIGHTED
 from .values import GraphValues, Kind
@@ -264,6 +265,14 @@ def weight_fan_ins(
     return found
 
 
+# Binary ops whose output has the broadcast shape of their two operands.
+_ELEMENTWISE_BINARY = frozenset(
+    {operator.mul, operator.add, operator.sub, operator.truediv}
+    | {torch.mul, torch.add, torch.sub, torch.div, U.add}
+    | {"mul", "add", "sub", "div"}
+)
+
+
 def scale_direct_parameter_gradients(graph: Graph, values: GraphValues) -> int:
     """Scale the gradient of every parameter entering an activation op directly by
     ``expansion^(-1/2)`` (see the module docstring); returns how many uses."""
@@ -282,8 +291,15 @@ def scale_direct_parameter_gradients(graph: Graph, values: GraphValues) -> int:
             expansion = out.numel / source.numel
             if expansion <= 1:
                 continue
+            others = [a for a in consumer.args if isinstance(a, Node) and a is not via]
             with graph.inserting_before(consumer):
-                use = graph.call_function(scale_bwd, (via, expansion**-0.5))
+                if consumer.target in _ELEMENTWISE_BINARY and len(others) == 1:
+                    # read from each call's shapes (a dynamic batch changes them)
+                    size = graph.call_method("size", (others[0],))
+                    values.kinds[size] = Kind.CONST
+                    use = graph.call_function(broadcast_gradient, (via, size))
+                else:
+                    use = graph.call_function(scale_bwd, (via, expansion**-0.5))
             consumer.replace_input_with(via, use)
             scaled += 1
     return scaled

@@ -40,7 +40,7 @@ from ..._standins import normal, normal_like, seeded
 from ...scale import scale_bwd
 from .._capture.dynamo import is_functorch_internal
 from .._capture.graph import SAME_ELEMENTS, OpSet, run_quietly
-from .._capture.targets import calibrated_scale
+from .._capture.targets import broadcast_gradient, calibrated_scale
 from .values import GraphValues, Kind, TensorInfo
 
 __all__ = [
@@ -565,7 +565,10 @@ def apply_input_gradient_scales(
     for source, rms in calibration.input_grad_rms.items():
         if rms == 0 or 1 / GRADIENT_TOLERANCE <= rms <= GRADIENT_TOLERANCE:
             continue
-        if not values.is_data(source) or source.target is scale_bwd:
+        if not values.is_data(source) or source.target in (
+            scale_bwd,
+            broadcast_gradient,
+        ):
             continue  # (a broadcast operand has its analytic gradient scale)
         factor = _round_scale(1 / rms)
         users = [u for u in source.users if u in inside]
