@@ -49,6 +49,7 @@ from torch import Tensor, nn
 
 import unit_scaling.functional as U
 from unit_scaling.analysis import graph_to_dataframe
+from unit_scaling.app import training
 from unit_scaling.app.config import parse_config, setting
 from unit_scaling.data import Corpus
 from unit_scaling.formats import FP8_E4M3, FP8_E5M2, FPFormat
@@ -175,12 +176,14 @@ def matmul_inputs(graph: torch.fx.Graph) -> dict[str, str]:
     return labels
 
 
-def fp8_fractions(tracked: nn.Module, batch: Tensor, grad_scale: float) -> pd.DataFrame:
+def fp8_fractions(tracked: nn.Module, batch: Tensor, fraction: float) -> pd.DataFrame:
     """Per matmul input of a :func:`track_scales` model: the fractions E4M3
     flushes (or saturates) of its values and E5M2 of its gradients, for the
-    gradients of ``grad_scale * loss(batch)``."""
+    gradients of ``loss(batch)`` as one micro-batch holding ``fraction`` of the
+    step contributes them (``training.micro_batch_share``)."""
     tracked.zero_grad(set_to_none=True)
-    (tracked.loss(batch) * grad_scale).backward()  # type: ignore[operator]
+    share = training.micro_batch_share(tracked)
+    share(tracked.loss(batch), fraction).backward()  # type: ignore[operator]
     graph = tracked.scales_graph()
     df = graph_to_dataframe(graph)
     labels = matmul_inputs(graph)
@@ -289,7 +292,7 @@ def plot_training(
         fontsize=8,
     )
     bx.set_xscale("log", base=2)
-    bx.set_xlabel("global batch (tokens; micro-batch loss divided by accumulation)")
+    bx.set_xlabel("global batch (tokens; one micro-batch's share of the step)")
     bx.set_ylabel("gradient elements at matmul inputs flushed in E5M2 (%)")
     bx.set_ylim(-3, 103)
     bx.set_title("Why: SP gradients fall below E5M2's smallest subnormal")
@@ -466,8 +469,11 @@ def report(
 layers, head size 32, byte tokens of the built-in corpus) seven ways for
 {config.steps} AdamW steps of {config.tokens_per_step:,} tokens: a global batch of
 {config.accumulate} micro-batches of {config.batch_size}×{config.seq_len} tokens,
-whose gradients are accumulated (each micro-batch's loss divided by
-{config.accumulate}). AdamW learning rates: SP {power_of_two(config.lr_sp)}, u-μP
+whose gradients are accumulated: SP's micro-batch losses are divided by
+{config.accumulate} (the plain mean), u-μP's go through
+`unit_scaling.functional.micro_batch_loss` (gradients scaled by
+{config.accumulate}^-½), so that each step's gradient is one call's on the global
+batch. AdamW learning rates: SP {power_of_two(config.lr_sp)}, u-μP
 {power_of_two(config.lr_umup)} (each parametrisation's optimum at width 128 in
 `lr_transfer.py`), {config.warmup} warmup steps then cosine decay to 10%. FP8 is
 `simulate_fp8`: the inputs of every matrix product (linear layers and attention)
@@ -514,7 +520,9 @@ smallest normal 2⁻⁶ ≈ 0.016) lose precision on its subnormal grid, in step
 2⁻⁹ ≈ 0.002, but few become zero.
 
 Measured with `track_scales` on the FP32 models, one micro-batch of the global
-batch (loss divided by {config.accumulate}), at initialisation and after training:
+batch, its gradients as the step accumulates them (SP's loss divided by
+{config.accumulate}, u-μP's gradient scaled by {config.accumulate}^-½), at
+initialisation and after training:
 
 {summary}
 
@@ -525,9 +533,10 @@ next to the same tensors of u-μP:
 
 ![per-tensor FP8 underflow](fp8_underflow.png)
 
-The larger the global batch, the smaller every micro-batch gradient (its loss is
-divided by the accumulation count), so SP's underflow grows with batch size while
-u-μP's stays near zero — a static loss scale only shifts SP's curve:
+The larger the global batch, the smaller every micro-batch gradient (SP's loss is
+divided by the accumulation count `k`, u-μP's gradient scaled by `k^-½`), so SP's
+underflow grows with batch size while u-μP's stays near zero — a static loss scale
+only shifts SP's curve:
 
 {sweep_table}
 

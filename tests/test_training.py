@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 import unit_scaling as uu
+from unit_scaling.app.baseline import StandardTransformerDecoder
 from unit_scaling.app.training import History, evaluate, train
 
 
@@ -88,34 +89,53 @@ def test_progress_bar_needs_tqdm_only_when_asked_for(
         train(model, model.loss, optimizer, batches, 2, validation, 1, "t", True)
 
 
-def test_accumulation_and_loss_scaling_keep_the_update() -> None:
-    # Two micro-batches of the same batch give that batch's gradient; a
-    # power-of-two loss scale is undone exactly. Each run: one SGD step.
-    params = {}
-    for accumulate, loss_scale in ((1, 1.0), (2, 1.0), (1, 1024.0)):
-        model, batches, validation = _setup()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        history = train(
-            model,
-            model.loss,
-            optimizer,
-            batches,
-            1,
-            validation,
-            0,
-            "t",
-            False,
-            accumulate=accumulate,
-            loss_scale=loss_scale,
-        )
-        assert history.eval_steps == [0, 1]  # eval_every=0: start and end only
-        assert history.seconds > 0
-        params[accumulate, loss_scale] = torch.cat(
-            [p.detach().flatten() for p in model.parameters()]
-        )
-    reference = params[1, 1.0]
-    torch.testing.assert_close(params[2, 1.0], reference)
-    assert torch.equal(params[1, 1024.0], reference)
+def _one_sgd_step(
+    model: torch.nn.Module, batches: list[Tensor], accumulate: int, loss_scale: float
+) -> Tensor:
+    """The parameters after one SGD step of ``train`` over ``batches``."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    history = train(
+        model,
+        model.loss,  # type: ignore[arg-type]
+        optimizer,
+        iter(batches),
+        1,
+        batches[:1],
+        0,
+        "t",
+        False,
+        accumulate=accumulate,
+        loss_scale=loss_scale,
+    )
+    assert history.eval_steps == [0, 1]  # eval_every=0: start and end only
+    assert history.seconds > 0
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["unit-scaled", "plain"])
+def test_accumulated_micro_batches_step_as_one_call_on_the_whole_batch(
+    plain: bool,
+) -> None:
+    """A step over two micro-batches is the step over their concatenation, for
+    a unit-scaled model (each micro-batch's gradient scaled by 2^-1/2) and for
+    a plain one (the mean); a power-of-two loss scale is undone exactly."""
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        if plain:
+            return StandardTransformerDecoder(32, 16, layers=1, heads=2)
+        return uu.TransformerDecoder(32, 16, layers=1, heads=2)
+
+    g = torch.Generator().manual_seed(1)
+    parts = [torch.randint(16, (4, 9), generator=g) for _ in range(2)]
+    whole = _one_sgd_step(make(), [torch.cat(parts)], 1, 1.0)
+    accumulated = _one_sgd_step(make(), parts, 2, 1.0)
+    torch.testing.assert_close(accumulated, whole, rtol=1e-5, atol=1e-6)
+    scaled = _one_sgd_step(make(), [torch.cat(parts)], 1, 1024.0)
+    assert torch.equal(scaled, whole)
+
+
+def test_bad_accumulation_is_an_error() -> None:
     with pytest.raises(ValueError, match="accumulate must be >= 1"):
         model, batches, validation = _setup()
         train(

@@ -33,6 +33,7 @@ __all__ = [
     "Parameter",
     "ParameterData",
     "has_parameter_data",
+    "is_unit_scaled",
     "tags_of",
 ]
 
@@ -105,6 +106,41 @@ def tags_of(parameter: Any) -> MupTags | None:
         parameter.mup_scaling_depth,
         getattr(parameter, "mup_fan_in", None),
     )
+
+
+def is_unit_scaled(module: nn.Module) -> bool:
+    """Whether ``module`` is a unit-scaled model: every parameter it trains
+    carries u-μP tags (``uu`` modules and :func:`~unit_scaling.transforms.unit_scale`
+    outputs tag all of theirs); ``False`` when none does. Frozen parameters
+    (``requires_grad=False``) are left out.
+
+    What a training loop asks before it accumulates or reduces gradients: a
+    unit-scaled model's step follows :mod:`unit_scaling.functional.steps`, a
+    plain one's the plain mean.
+
+    Raises:
+        ValueError: if some trained parameters carry tags and others do not (a
+            plain layer added to a unit-scaled model), naming a few of each.
+
+    Example::
+
+        >>> is_unit_scaled(uu.Linear(4, 4)), is_unit_scaled(torch.nn.Linear(4, 4))
+        (True, False)
+    """
+    tagged: list[str] = []
+    plain: list[str] = []
+    for name, p in module.named_parameters():
+        if p.requires_grad:
+            (tagged if has_parameter_data(p) else plain).append(name)
+    if tagged and plain:
+        raise ValueError(
+            f"{type(module).__name__} mixes unit-scaled parameters ({', '.join(tagged[:3])}"
+            f"{', ...' if len(tagged) > 3 else ''}) with plain ones ({', '.join(plain[:3])}"
+            f"{', ...' if len(plain) > 3 else ''}), whose gradients follow different "
+            "rules. Unit-scale the whole model (unit_scaling.transforms.unit_scale), "
+            "or freeze the plain parameters"
+        )
+    return bool(tagged)
 
 
 def _positive_or_none(value: Any) -> bool:

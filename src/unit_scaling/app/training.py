@@ -11,7 +11,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["History", "evaluate", "smooth", "tail_mean", "train"]
+from .. import functional as U
+from ..parameter import is_unit_scaled
+
+__all__ = ["History", "evaluate", "micro_batch_share", "smooth", "tail_mean", "train"]
 
 
 @dataclass
@@ -99,10 +102,13 @@ def train(
         progress: show a progress bar (needs ``tqdm``, in the ``app`` extra:
             ``pip install "torch-unit-scaling[app]"``).
         schedule: optional learning-rate multiplier ``step → factor``.
-        accumulate: micro-batches per step. The step's loss is their mean, so
-            each micro-batch's loss is divided by ``accumulate`` before
-            ``backward`` (its gradients get that much smaller too: what a large
-            global batch does to them).
+        accumulate: equal micro-batches per step, whose gradients add up to
+            one call's on the step's whole batch: for a unit-scaled model each
+            micro-batch's loss goes through
+            :func:`unit_scaling.functional.micro_batch_loss` (its gradient
+            scaled by ``accumulate^-½``; see :mod:`unit_scaling.functional.steps`),
+            for a plain one it is divided by ``accumulate`` (the plain mean).
+            Either way the recorded loss is the step's mean.
         loss_scale: multiplies the loss before ``backward`` and divides the
             gradients after, as mixed-precision recipes do.
 
@@ -110,6 +116,7 @@ def train(
     """
     if accumulate < 1:
         raise ValueError(f"accumulate must be >= 1, got {accumulate}")
+    share = micro_batch_share(model)
     run_start = time.perf_counter()
     history = History()
     base_lrs = [group["lr"] for group in optimizer.param_groups]
@@ -135,7 +142,7 @@ def train(
             batch = next(batches)
             loss = loss_fn(batch)
             if accumulate > 1:
-                loss = loss / accumulate
+                loss = share(loss, 1 / accumulate)
             scaled = loss if loss_scale == 1.0 else loss * loss_scale
             scaled.backward()  # type: ignore[no-untyped-call]
             value += loss.item()
@@ -163,6 +170,22 @@ def train(
     history.tokens_per_second = tokens / elapsed if elapsed else math.nan
     history.seconds = time.perf_counter() - run_start
     return history
+
+
+def micro_batch_share(model: nn.Module) -> Callable[[Tensor, float], Tensor]:
+    """How a micro-batch's loss enters the step, ``share(loss, fraction)``: the
+    unit-scaled rule (:func:`unit_scaling.functional.micro_batch_loss`) for a
+    unit-scaled model, the plain mean's ``loss * fraction`` for a plain one.
+
+    Example::
+
+        >>> share = micro_batch_share(uu.Linear(4, 4))
+        >>> share(torch.tensor(2.0, requires_grad=True), 0.25).item()
+        0.5
+    """
+    if is_unit_scaled(model):
+        return U.micro_batch_loss
+    return lambda loss, fraction: loss * fraction
 
 
 def smooth(values: list[float], window: int = 10) -> list[float]:
