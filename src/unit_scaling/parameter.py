@@ -133,10 +133,13 @@ def is_unit_scaled(module: nn.Module) -> bool:
         if p.requires_grad:
             (tagged if has_parameter_data(p) else plain).append(name)
     if tagged and plain:
+
+        def some(names: list[str]) -> str:
+            return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
         raise ValueError(
-            f"{type(module).__name__} mixes unit-scaled parameters ({', '.join(tagged[:3])}"
-            f"{', ...' if len(tagged) > 3 else ''}) with plain ones ({', '.join(plain[:3])}"
-            f"{', ...' if len(plain) > 3 else ''}), whose gradients follow different "
+            f"{type(module).__name__} mixes unit-scaled parameters ({some(tagged)}) "
+            f"with plain ones ({some(plain)}), whose gradients follow different "
             "rules. Unit-scale the whole model (unit_scaling.transforms.unit_scale), "
             "or freeze the plain parameters"
         )
