@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-all test-reference test-torch test-torch-latest bench lint docs typecheck clean
+.PHONY: setup demo test test-integration test-all test-reference test-torch test-torch-latest bench lint docs typecheck clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 --timeout 900 -q
+
+# Whole Hugging Face Trainer / Accelerate runs (tests marked `integration`):
+# minutes of training steps, so CI runs them after the default suite.
+test-integration: $(STAMP)
+	$(PY) -m pytest -n 2 --timeout 900 -q -m integration
 
 test-all: $(STAMP)
 	$(PY) -m pytest -n 2 -q -m ""

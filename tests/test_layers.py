@@ -48,6 +48,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     ),
     "transforms": ("transforms", "float8", "export"),
     "analysis": ("analysis", "utils", "zoo"),
+    "integrations": ("integrations",),
     "application": ("app", "__main__"),
 }
 RANK = {part: rank for rank, parts in enumerate(LAYERS.values()) for part in parts}

@@ -56,7 +56,7 @@ from ._torch_internals import GradBucket
 from .optim import mup_tags
 from .parameter import retag
 
-__all__ = ["allreduce_hook", "fully_shard"]
+__all__ = ["Reduction", "allreduce_hook", "fully_shard", "reduction_hook"]
 
 
 def _data_parallel_size(mesh: DeviceMesh | None, dp_mesh_dims: Any) -> int:
@@ -145,9 +145,77 @@ def allreduce_hook(
         >>> ddp = torch.nn.parallel.DistributedDataParallel(model)
         >>> ddp.register_comm_hook(None, allreduce_hook)
     """
-    group = process_group if process_group is not None else dist.group.WORLD
+    return reduction_hook(Reduction(process_group=process_group), bucket)
+
+
+class Reduction:
+    r"""What the sum of the processes' gradients is divided by, settable per
+    step: the state of :func:`reduction_hook`.
+
+    ``sqrt(W)`` (the default, :func:`allreduce_hook`'s) when each process's
+    loss is normalised by its own examples; ``W`` when a loop multiplies each
+    process's loss by ``W`` to undo a mean (Hugging Face ``Trainer`` does when
+    its ``num_items_in_batch`` already counts every process's tokens: the loss's
+    share :math:`\varphi` of the step then holds the ``1/W``, see
+    :mod:`unit_scaling.functional.steps`, and the processes' shares add up).
+
+    Args:
+        divisor: the initial divisor; ``None`` (the default, and what setting
+            it to ``None`` restores) for ``sqrt(W)``, read when used.
+        process_group: the group to reduce over; ``None`` for the default group.
+
+    Example::
+
+        >>> reduction = Reduction()  # sqrt(W), read from the process group
+        >>> ddp = torch.nn.parallel.DistributedDataParallel(uu.Linear(8, 8))
+        >>> ddp.register_comm_hook(reduction, reduction_hook)
+        >>> reduction.divisor = 4.0  # from now on: the mean over 4 processes
+        >>> reduction.divisor
+        4.0
+    """
+
+    def __init__(
+        self,
+        divisor: float | None = None,
+        process_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        self._divisor = divisor
+        self.process_group = process_group
+
+    @property
+    def divisor(self) -> float:
+        if self._divisor is None:
+            return math.sqrt(dist.get_world_size(self.process_group))
+        return self._divisor
+
+    @divisor.setter
+    def divisor(self, value: float | None) -> None:
+        # (None: back to the default, sqrt(W))
+        if value is not None and not (
+            isinstance(value, (int, float)) and value > 0 and math.isfinite(value)
+        ):
+            raise ValueError(
+                f"Reduction.divisor must be a positive number or None, got {value!r}"
+            )
+        self._divisor = None if value is None else float(value)
+
+
+def reduction_hook(
+    state: Reduction, bucket: GradBucket
+) -> torch.futures.Future[Tensor]:
+    """DDP communication hook reducing gradients as ``sum / state.divisor``,
+    the divisor read at each reduction (see :class:`Reduction`);
+    :func:`allreduce_hook` is this hook with ``sqrt(world_size)``.
+
+    Example::
+
+        >>> ddp = torch.nn.parallel.DistributedDataParallel(uu.Linear(8, 8))
+        >>> ddp.register_comm_hook(Reduction(divisor=2.0), reduction_hook)
+        >>> ddp(torch.randn(4, 8)).sum().backward()  # gradients summed, then / 2
+    """
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
     buffer = bucket.buffer()
-    buffer.div_(math.sqrt(dist.get_world_size(group)))
+    buffer.div_(state.divisor)
     work = dist.all_reduce(buffer, group=group, async_op=True)
     assert work is not None  # async_op=True always returns a Work
     reduced: torch.futures.Future[list[Tensor]] = work.get_future()

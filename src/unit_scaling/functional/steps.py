@@ -66,6 +66,13 @@ class _StepShare(Function):
         return grad * ctx.scale, None, None
 
 
+class _MicroBatchShare(_StepShare):
+    """:class:`_StepShare` for :func:`micro_batch_loss`: a class of its own so
+    that a loss's autograd graph tells the two apart (a loss through
+    :func:`step_mean` already holds its share of the step; see
+    ``unit_scaling.integrations.accelerate.carries_step_share``)."""
+
+
 def _check_loss(function: str, loss: Any) -> None:
     if not isinstance(loss, Tensor) or not loss.is_floating_point():
         raise TypeError(
@@ -174,7 +181,7 @@ def micro_batch_loss(loss: Tensor, fraction: Tensor | Number) -> Tensor:
     _check_loss("micro_batch_loss", loss)
     _check_count("micro_batch_loss", "fraction", fraction)
     if isinstance(fraction, Tensor):
-        out: Tensor = _StepShare.apply(loss, 1 / fraction, fraction**0.5)
+        out: Tensor = _MicroBatchShare.apply(loss, 1 / fraction, fraction**0.5)
         return out
     if not 0 < fraction <= 1:
         raise ValueError(
@@ -183,5 +190,5 @@ def micro_batch_loss(loss: Tensor, fraction: Tensor | Number) -> Tensor:
         )
     if fraction == 1:
         return loss
-    out = _StepShare.apply(loss, 1 / fraction, math.sqrt(fraction))
+    out = _MicroBatchShare.apply(loss, 1 / fraction, math.sqrt(fraction))
     return out

@@ -1,0 +1,149 @@
+"""Small Hugging Face models, data and gradient probes for the integration tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+
+from unit_scaling.transforms import unit_scale
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, LENGTH = 256, 32
+
+
+def gpt2(width: int = 64, layers: int = 2) -> nn.Module:
+    config = transformers.GPT2Config(
+        n_layer=layers, n_embd=width, n_head=4, vocab_size=VOCAB, n_positions=64,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"
+    return model
+
+
+def llama(width: int = 64, layers: int = 2) -> nn.Module:
+    config = transformers.LlamaConfig(
+        num_hidden_layers=layers, hidden_size=width, intermediate_size=2 * width,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config)
+    model.loss_type = "ForCausalLM"
+    return model
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {"gpt2": gpt2, "llama": llama}
+
+
+def scaled(name: str, seed: int = 0) -> nn.Module:
+    """A ``unit_scale``d (u-μP) model of ``MODELS``, built after ``seed``."""
+    torch.manual_seed(seed)
+    return unit_scale(MODELS[name](), residual_scaling="u-μP")
+
+
+class Tokens(Dataset[dict[str, Tensor]]):
+    """``rows`` random sequences of ``LENGTH`` byte tokens, labels = inputs."""
+
+    def __init__(self, rows: int = 64, seed: int = 0) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(VOCAB, (rows, LENGTH), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def grads(model: nn.Module) -> dict[str, Tensor]:
+    """Every parameter's gradient, cloned."""
+    return {
+        n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+    }
+
+
+def median_weight_rms(gradients: dict[str, Tensor]) -> float:
+    """The median RMS over the weight matrices' gradients."""
+    values = sorted(
+        float(g.float().pow(2).mean().sqrt())
+        for g in gradients.values()
+        if g.dim() == 2
+    )
+    return values[len(values) // 2]
+
+
+def worst_error(got: dict[str, Tensor], want: dict[str, Tensor]) -> tuple[float, str]:
+    """The largest ``‖got - want‖ / ‖want‖`` over the parameters, and whose."""
+    assert got.keys() == want.keys()
+    errors = {n: float((got[n] - w).norm() / w.norm()) for n, w in want.items()}
+    name = max(errors, key=errors.__getitem__)
+    return errors[name], name
+
+
+def whole_batch_grads(model: nn.Module, batches: list[Tensor]) -> dict[str, Tensor]:
+    """The gradients of one call on the concatenated ``batches`` (labels =
+    inputs), leaving the model's own ``.grad`` as they were."""
+    saved = {n: p.grad for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    ids = torch.cat(batches)
+    model(input_ids=ids, labels=ids).loss.backward()
+    out = grads(model)
+    for n, p in model.named_parameters():
+        p.grad = saved[n]
+    return out
+
+
+class StepProbe(transformers.TrainerCallback):  # type: ignore[misc]
+    """Records, at the first optimizer step, the accumulated gradients (after
+    any clipping) and those of one call on the step's micro-batches, which a
+    ``Trainer`` subclass records in ``batches`` (see :func:`recording`)."""
+
+    def __init__(self) -> None:
+        self.batches: list[Tensor] = []
+        self.accumulated: dict[str, Tensor] | None = None
+        self.whole: dict[str, Tensor] | None = None
+
+    def on_pre_optimizer_step(
+        self, args: Any, state: Any, control: Any, **kwargs: Any
+    ) -> None:
+        if self.accumulated is None:
+            model = kwargs["model"]
+            self.accumulated = grads(model)
+            self.whole = whole_batch_grads(model, self.batches)
+
+
+def recording(base: type, probe: StepProbe) -> type:
+    """``base`` (a Trainer class) recording each micro-batch's input_ids of the
+    first step in ``probe.batches``."""
+
+    class Recording(base):  # type: ignore[misc, valid-type]
+        def compute_loss(
+            self, model: Any, inputs: Any, *args: Any, **kwargs: Any
+        ) -> Any:
+            if model.training and probe.accumulated is None:
+                probe.batches.append(inputs["input_ids"].detach().clone())
+            return super().compute_loss(model, inputs, *args, **kwargs)
+
+    return Recording
+
+
+def arguments(directory: Any, **overrides: Any) -> Any:
+    """``TrainingArguments`` for a few quick CPU steps, nothing reported."""
+    settings: dict[str, Any] = {
+        "per_device_train_batch_size": 8,
+        "max_steps": 1,
+        "report_to": [],
+        "use_cpu": True,
+        "save_strategy": "no",
+        "logging_steps": 1,
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+    }
+    settings.update(overrides)
+    return transformers.TrainingArguments(str(directory), **settings)

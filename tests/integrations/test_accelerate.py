@@ -1,0 +1,188 @@
+"""Accelerate loops with unit-scaled models: stock, and with
+``unit_scaling.integrations.accelerate.Accelerator``; one process and two."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+import unit_scaling as uu
+import unit_scaling.functional as U
+from tests.integrations.models import (
+    LENGTH,
+    Tokens,
+    grads,
+    scaled,
+    whole_batch_grads,
+    worst_error,
+)
+from tests.parallel._launch import run_distributed
+
+accelerate = pytest.importorskip("accelerate")
+from unit_scaling.integrations.accelerate import (  # noqa: E402
+    Accelerator,
+    carries_step_share,
+)
+
+pytestmark = pytest.mark.integration
+
+ROWS = 16
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state() -> Iterator[None]:
+    """Accelerate keeps its state in process-wide singletons."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def _loop(
+    accelerator: Any, model: nn.Module, rows: Tensor, micro: int, recipe: str
+) -> dict[str, Tensor]:
+    """One optimizer step of an Accelerate loop over ``rows`` in micro-batches
+    of ``micro`` rows (shared out among the processes); returns the gradients
+    at the step. ``recipe``: "mean"
+    (each micro-batch's mean loss to ``backward``, Accelerate's recipe) or
+    "count" (Hugging Face's: the loss over the step's count, times the steps
+    and processes)."""
+    optimizer = uu.optim.AdamW(model.parameters(), lr=0.5)
+    loader = DataLoader(rows, batch_size=micro)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    steps = accelerator.gradient_accumulation_steps
+    count = torch.tensor(float(rows[:, 1:].numel()))  # every process's, every step's
+    seen: dict[str, Tensor] = {}
+    for batch in loader:
+        with accelerator.accumulate(model):
+            if recipe == "mean":
+                loss = model(input_ids=batch, labels=batch).loss
+            else:
+                out = model(input_ids=batch, labels=batch, num_items_in_batch=count)
+                loss = out.loss * steps * accelerator.num_processes
+            accelerator.backward(loss)
+            if accelerator.sync_gradients:
+                seen = grads(accelerator.unwrap_model(model))
+            optimizer.step()
+            optimizer.zero_grad()
+    return seen
+
+
+def _rows(seed: int = 0) -> Tensor:
+    return Tokens(ROWS, seed).ids
+
+
+@pytest.mark.parametrize("recipe", ["mean", "count"])
+@pytest.mark.parametrize("k", [2, 4])
+def test_an_accelerate_loop_accumulates_to_the_whole_batch(k: int, recipe: str) -> None:
+    model = scaled("llama")
+    rows = _rows()
+    model(input_ids=rows[:2], labels=rows[:2])  # calibrate once
+    whole = whole_batch_grads(model, [rows[: ROWS // 2]])
+    step = _loop(Accelerator(cpu=True, gradient_accumulation_steps=k), model,
+                 rows[: ROWS // 2], ROWS // 2 // k, recipe)  # fmt: skip
+    error, where = worst_error(step, whole)
+    assert error <= 1e-5, where
+
+
+def test_the_stock_accelerator_leaves_a_mean_loop_k_to_the_minus_half_off() -> None:
+    model = scaled("llama")
+    rows = _rows()[:8]
+    whole = whole_batch_grads(model, [rows])
+    step = _loop(accelerate.Accelerator(cpu=True, gradient_accumulation_steps=4),
+                 model, rows, 2, "mean")  # fmt: skip
+    ratio = step["lm_head.weight"].norm() / whole["lm_head.weight"].norm()
+    assert float(ratio) == pytest.approx(0.5, rel=1e-4)
+
+
+def test_the_stock_accelerator_follows_the_rule_with_hugging_faces_count_recipe() -> (
+    None
+):
+    model = scaled("gpt2")
+    rows = _rows()[:8]
+    whole = whole_batch_grads(model, [rows])
+    step = _loop(accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2),
+                 model, rows, 4, "count")  # fmt: skip
+    error, where = worst_error(step, whole)
+    assert error <= 1e-5, where
+
+
+def test_a_plain_model_keeps_accelerates_mean() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(8, 8)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = accelerator.prepare(model)
+    x = torch.randn(4, 8)
+    with accelerator.accumulate(model):
+        accelerator.backward(model(x).pow(2).mean())
+    plain = model.weight.grad.clone()  # type: ignore[union-attr]
+    model.zero_grad()
+    (model(x).pow(2).mean() / 2).backward()
+    torch.testing.assert_close(plain, model.weight.grad)
+
+
+def test_a_loss_carries_its_share_of_the_step() -> None:
+    logits = torch.randn(4, 8, requires_grad=True)
+    total = U.cross_entropy(logits, torch.randint(8, (4,)), reduction="sum")
+    assert carries_step_share(U.step_mean(total, 4, 16) * 2 + 1)
+    assert not carries_step_share(total * 2)
+    assert not carries_step_share(U.micro_batch_loss(total / 4, 0.5))
+
+
+def test_clip_grad_rms_bounds_the_rms() -> None:
+    accelerator = Accelerator(cpu=True)
+    weight = nn.Parameter(torch.zeros(100, 10))
+    weight.grad = torch.full((100, 10), 3.0)
+    rms = accelerator.clip_grad_rms_([weight], 1.5)
+    assert float(rms) == pytest.approx(3.0)
+    assert float(weight.grad.pow(2).mean().sqrt()) == pytest.approx(1.5, rel=1e-5)
+
+
+# --- two processes ------------------------------------------------------------ #
+
+
+def _two_process_step(
+    rank: int, world_size: int, recipe: str, k: int
+) -> dict[str, Any]:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="0", OMP_NUM_THREADS="1",
+    )  # fmt: skip
+    model = scaled("llama")
+    rows = _rows()
+    model(input_ids=rows[:2], labels=rows[:2])  # calibrate as the single process
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=k)
+    assert accelerator.num_processes == world_size
+    # (Accelerate's data loader gives each process every other micro-batch)
+    step = _loop(accelerator, model, rows, ROWS // world_size // k, recipe)
+    return {name: g.detach() for name, g in step.items()}
+
+
+def _single_process_whole_batch() -> dict[str, Tensor]:
+    model = scaled("llama")
+    rows = _rows()
+    model(input_ids=rows[:2], labels=rows[:2])
+    return whole_batch_grads(model, [rows])
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("recipe", ["mean", "count"])
+def test_two_processes_compute_one_process_gradients_on_the_global_batch(
+    recipe: str,
+) -> None:
+    whole = _single_process_whole_batch()
+    ranks = run_distributed(_two_process_step, recipe, 2)
+    for step in ranks:
+        error, where = worst_error(step, whole)
+        assert error <= 1e-5, (where, error)
+    assert LENGTH == 32

@@ -1,0 +1,194 @@
+"""Hugging Face ``Trainer`` with unit-scaled models: stock, and with
+``unit_scaling.integrations.hf.UnitScalingTrainer``."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import unit_scaling as uu
+from tests.integrations.models import (
+    StepProbe,
+    Tokens,
+    arguments,
+    median_weight_rms,
+    recording,
+    scaled,
+    transformers,
+    worst_error,
+)
+from unit_scaling.integrations.hf import TRAINER_DEFAULT_LR, UnitScalingTrainer
+
+pytestmark = pytest.mark.integration
+
+Trainer = transformers.Trainer
+
+
+class _IntegerCount(Trainer):  # type: ignore[misc]
+    """A Trainer passing num_items_in_batch as a Python int (custom loops do)."""
+
+    def _get_num_items_in_batch(self, *args: Any, **kwargs: Any) -> Any:
+        count = super()._get_num_items_in_batch(*args, **kwargs)
+        return None if count is None else int(count)
+
+
+def _first_step(
+    trainer_class: type, model: Any, tmp_path: Path, **overrides: Any
+) -> StepProbe:
+    """One optimizer step of ``trainer_class``; the probe's gradients."""
+    probe = StepProbe()
+    trainer = recording(trainer_class, probe)(
+        model=model,
+        args=arguments(tmp_path, max_grad_norm=0.0, **overrides),
+        train_dataset=Tokens(),
+        callbacks=[probe],
+        optimizers=(uu.optim.AdamW(model.parameters(), lr=0.5), None),
+    )
+    trainer.train()
+    assert probe.accumulated is not None and probe.whole is not None
+    return probe
+
+
+@pytest.mark.parametrize(
+    "trainer_class", [Trainer, _IntegerCount], ids=["float", "int"]
+)
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_stock_trainer_trains_with_unit_scaled_gradients(
+    name: str, trainer_class: type, tmp_path: Path
+) -> None:
+    """Default arguments (column pruning, num_items_in_batch, clipping on): the
+    gradients before clipping are unit-scaled at the first step."""
+    model = scaled(name)
+    seen: list[float] = []
+    trainer = trainer_class(
+        model=model,
+        args=arguments(tmp_path),
+        train_dataset=Tokens(),
+        optimizers=(uu.optim.AdamW(model.parameters(), lr=0.5), None),
+    )
+    clip = trainer.accelerator.clip_grad_norm_
+
+    def before_clipping(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(
+            median_weight_rms(
+                {
+                    str(i): p.grad
+                    for i, p in enumerate(model.parameters())
+                    if p.grad is not None
+                }
+            )
+        )
+        return clip(parameters, *args, **kwargs)
+
+    trainer.accelerator.clip_grad_norm_ = before_clipping
+    result = trainer.train()
+    assert math.isfinite(result.training_loss)
+    assert 0.5 <= seen[0] <= 2, seen
+
+
+@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_stock_trainer_accumulates_to_the_whole_batch(
+    name: str, k: int, tmp_path: Path
+) -> None:
+    probe = _first_step(Trainer, scaled(name), tmp_path, gradient_accumulation_steps=k,
+                        per_device_train_batch_size=8 // k)  # fmt: skip
+    assert len(probe.batches) == k
+    error, where = worst_error(probe.accumulated, probe.whole)  # type: ignore[arg-type]
+    assert error <= 1e-5, where
+
+
+def _without_count(trainer_class: type) -> type:
+    """``trainer_class`` whose model is said not to take loss kwargs: Trainer
+    passes no num_items_in_batch and divides each loss by the steps."""
+
+    class WithoutCount(trainer_class):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.model_accepts_loss_kwargs = False
+
+    return WithoutCount
+
+
+def test_without_a_count_a_stock_trainer_is_k_to_the_minus_half_off(
+    tmp_path: Path,
+) -> None:
+    probe = _first_step(_without_count(Trainer), scaled("llama"), tmp_path,
+                        gradient_accumulation_steps=4, per_device_train_batch_size=2)  # fmt: skip
+    name = "lm_head.weight"
+    ratio = probe.accumulated[name].norm() / probe.whole[name].norm()  # type: ignore[index]
+    assert float(ratio) == pytest.approx(0.5, rel=1e-4)
+
+
+@pytest.mark.parametrize("count", [True, False], ids=["with-count", "without-count"])
+@pytest.mark.parametrize("k", [2, 4])
+def test_the_integration_accumulates_to_the_whole_batch(
+    k: int, count: bool, tmp_path: Path
+) -> None:
+    trainer_class = UnitScalingTrainer if count else _without_count(UnitScalingTrainer)
+    probe = _first_step(trainer_class, scaled("gpt2"), tmp_path,
+                        gradient_accumulation_steps=k, per_device_train_batch_size=8 // k)  # fmt: skip
+    error, where = worst_error(probe.accumulated, probe.whole)  # type: ignore[arg-type]
+    assert error <= 1e-5, where
+
+
+def test_the_integration_builds_u_mup_optimizers(tmp_path: Path) -> None:
+    model = scaled("llama")
+    with pytest.warns(UserWarning, match="Trainer's default.*RECOMMENDED's 0.5"):
+        trainer = UnitScalingTrainer(model=model, args=arguments(tmp_path))
+        optimizer = trainer.create_optimizer()
+    assert isinstance(optimizer, uu.optim.AdamW)
+    assert TRAINER_DEFAULT_LR == 5e-5
+    reference = uu.optim.AdamW(model.parameters(), lr=uu.RECOMMENDED.unit_scale_lr)
+    assert sorted(g["lr"] for g in optimizer.param_groups) == sorted(
+        g["lr"] for g in reference.param_groups
+    )
+    given = UnitScalingTrainer(model=model, args=arguments(tmp_path, learning_rate=0.25,
+                                                           optim="sgd", weight_decay=0.1))  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sgd = given.create_optimizer()
+    assert isinstance(sgd, uu.optim.SGD)
+    assert max(g["lr"] for g in sgd.param_groups) <= 0.25
+    assert {g["weight_decay"] for g in sgd.param_groups} == {0.0, 0.1}  # torch's sense
+
+
+def test_the_integration_rejects_what_it_cannot_honour(tmp_path: Path) -> None:
+    model = scaled("llama")
+    with pytest.raises(ValueError, match="optimizers=.AdamW.*unit_scaling.optim"):
+        UnitScalingTrainer(model=model, args=arguments(tmp_path),
+                           optimizers=(torch.optim.AdamW(model.parameters()), None))  # fmt: skip
+    with pytest.raises(ValueError, match="no u-μP tags"):
+        UnitScalingTrainer(model=transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=1, n_embd=32, n_head=2, vocab_size=64)), args=arguments(tmp_path))  # fmt: skip
+    trainer = UnitScalingTrainer(
+        model=model, args=arguments(tmp_path, optim="adafactor")
+    )
+    with pytest.raises(ValueError, match="optim='adafactor' has no u-μP"):
+        trainer.create_optimizer()
+    with pytest.warns(UserWarning, match="loss is computed outside the model"):
+        UnitScalingTrainer(model=model, args=arguments(tmp_path),
+                           compute_loss_func=lambda *a, **k: torch.tensor(0.0))  # fmt: skip
+
+
+def test_max_grad_norm_bounds_the_gradients_rms(tmp_path: Path) -> None:
+    model = scaled("llama")
+    probe = StepProbe()
+    trainer = recording(UnitScalingTrainer, probe)(
+        model=model, args=arguments(tmp_path, max_grad_norm=0.25, learning_rate=0.5),
+        train_dataset=Tokens(), callbacks=[probe],
+    )  # fmt: skip
+    trainer.train()
+    clipped = torch.cat([g.flatten() for g in probe.accumulated.values()])  # type: ignore[union-attr]
+    assert float(clipped.pow(2).mean().sqrt()) == pytest.approx(0.25, rel=1e-4)
+    logged = next(h for h in trainer.state.log_history if "grad_rms" in h)
+    assert logged["grad_rms"] > 0.25  # before clipping
+    size = clipped.numel()
+    assert logged["grad_norm"] == pytest.approx(
+        logged["grad_rms"] * math.sqrt(size), rel=1e-5
+    )
