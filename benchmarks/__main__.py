@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import argparse
 
-from . import float8, float8_ops, formats, op_counts, train_step, transforms
+from . import (
+    float8,
+    float8_ops,
+    formats,
+    op_counts,
+    train_step,
+    trainer_step,
+    transforms,
+)
 
 SECTIONS = {
     # The train step's ratio shifts by a few percent between processes on a shared
@@ -26,6 +34,8 @@ SECTIONS = {
     ),
     # Casts, transposes and copies per FP8 linear per step: counts, no timing.
     "float8_ops": lambda quick: float8_ops.run(),
+    # Hugging Face Trainer: UnitScalingTrainer's step against a stock Trainer's.
+    "trainer_step": lambda quick: trainer_step.run(rounds=3 if quick else 10),
 }
 
 if __name__ == "__main__":

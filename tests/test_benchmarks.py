@@ -339,3 +339,19 @@ def test_gpu_check_sections_stop_at_their_deadline(
         "nanogpt",
     ]
     assert [t.met for t in result.targets] == [None, None, None]
+
+
+@pytest.mark.integration
+def test_the_trainer_step_section_reports_its_ratio(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("transformers")
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import trainer_step
+
+    monkeypatch.setattr(trainer_step, "STEPS_PER_ROUND", 2)
+    lines = trainer_step.run(rounds=1).splitlines()
+    assert "Hugging Face Trainer" in lines[0]
+    ratio, low, high = _ratios(lines, "Trainer step, eager")
+    assert low <= ratio <= high
+    assert 0.25 < ratio < 4  # the same work on both sides, whatever the load

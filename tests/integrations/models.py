@@ -19,9 +19,15 @@ VOCAB, LENGTH = 256, 32
 
 def gpt2(width: int = 64, layers: int = 2) -> nn.Module:
     config = transformers.GPT2Config(
-        n_layer=layers, n_embd=width, n_head=4, vocab_size=VOCAB, n_positions=64,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-    )  # fmt: skip
+        n_layer=layers,
+        n_embd=width,
+        n_head=4,
+        vocab_size=VOCAB,
+        n_positions=64,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     model = transformers.GPT2LMHeadModel(config)
     model.loss_type = "ForCausalLM"
     return model
@@ -29,10 +35,14 @@ def gpt2(width: int = 64, layers: int = 2) -> nn.Module:
 
 def llama(width: int = 64, layers: int = 2) -> nn.Module:
     config = transformers.LlamaConfig(
-        num_hidden_layers=layers, hidden_size=width, intermediate_size=2 * width,
-        num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+        num_hidden_layers=layers,
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
         max_position_embeddings=64,
-    )  # fmt: skip
+    )
     model = transformers.LlamaForCausalLM(config)
     model.loss_type = "ForCausalLM"
     return model
@@ -101,13 +111,19 @@ def whole_batch_grads(model: nn.Module, batches: list[Tensor]) -> dict[str, Tens
 
 class StepProbe(transformers.TrainerCallback):  # type: ignore[misc]
     """Records, at the first optimizer step, the accumulated gradients (after
-    any clipping) and those of one call on the step's micro-batches, which a
-    ``Trainer`` subclass records in ``batches`` (see :func:`recording`)."""
+    any clipping) and ``reference(model, batches)``, by default those of one
+    call on the step's micro-batches, which a ``Trainer`` subclass records in
+    ``batches`` (see :func:`recording`)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        reference: Callable[[nn.Module, list[Tensor]], dict[str, Tensor]] | None = None,
+    ) -> None:
         self.batches: list[Tensor] = []
         self.accumulated: dict[str, Tensor] | None = None
         self.whole: dict[str, Tensor] | None = None
+        # the whole batch's gradients, computed at the step: one call by default
+        self.reference = reference or whole_batch_grads
 
     def on_pre_optimizer_step(
         self, args: Any, state: Any, control: Any, **kwargs: Any
@@ -115,7 +131,7 @@ class StepProbe(transformers.TrainerCallback):  # type: ignore[misc]
         if self.accumulated is None:
             model = kwargs["model"]
             self.accumulated = grads(model)
-            self.whole = whole_batch_grads(model, self.batches)
+            self.whole = self.reference(model, self.batches)
 
 
 def recording(base: type, probe: StepProbe) -> type:

@@ -88,8 +88,13 @@ def test_an_accelerate_loop_accumulates_to_the_whole_batch(k: int, recipe: str) 
     rows = _rows()
     model(input_ids=rows[:2], labels=rows[:2])  # calibrate once
     whole = whole_batch_grads(model, [rows[: ROWS // 2]])
-    step = _loop(Accelerator(cpu=True, gradient_accumulation_steps=k), model,
-                 rows[: ROWS // 2], ROWS // 2 // k, recipe)  # fmt: skip
+    step = _loop(
+        Accelerator(cpu=True, gradient_accumulation_steps=k),
+        model,
+        rows[: ROWS // 2],
+        ROWS // 2 // k,
+        recipe,
+    )
     error, where = worst_error(step, whole)
     assert error <= 1e-5, where
 
@@ -98,8 +103,13 @@ def test_the_stock_accelerator_leaves_a_mean_loop_k_to_the_minus_half_off() -> N
     model = scaled("llama")
     rows = _rows()[:8]
     whole = whole_batch_grads(model, [rows])
-    step = _loop(accelerate.Accelerator(cpu=True, gradient_accumulation_steps=4),
-                 model, rows, 2, "mean")  # fmt: skip
+    step = _loop(
+        accelerate.Accelerator(cpu=True, gradient_accumulation_steps=4),
+        model,
+        rows,
+        2,
+        "mean",
+    )
     ratio = step["lm_head.weight"].norm() / whole["lm_head.weight"].norm()
     assert float(ratio) == pytest.approx(0.5, rel=1e-4)
 
@@ -110,8 +120,13 @@ def test_the_stock_accelerator_follows_the_rule_with_hugging_faces_count_recipe(
     model = scaled("gpt2")
     rows = _rows()[:8]
     whole = whole_batch_grads(model, [rows])
-    step = _loop(accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2),
-                 model, rows, 4, "count")  # fmt: skip
+    step = _loop(
+        accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2),
+        model,
+        rows,
+        4,
+        "count",
+    )
     error, where = worst_error(step, whole)
     assert error <= 1e-5, where
 
@@ -154,10 +169,14 @@ def _two_process_step(
     rank: int, world_size: int, recipe: str, k: int
 ) -> dict[str, Any]:
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-        MASTER_PORT="0", OMP_NUM_THREADS="1",
-    )  # fmt: skip
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="0",
+        OMP_NUM_THREADS="1",
+    )
     model = scaled("llama")
     rows = _rows()
     model(input_ids=rows[:2], labels=rows[:2])  # calibrate as the single process
@@ -186,3 +205,68 @@ def test_two_processes_compute_one_process_gradients_on_the_global_batch(
         error, where = worst_error(step, whole)
         assert error <= 1e-5, (where, error)
     assert LENGTH == 32
+
+
+def _fsdp2_step(rank: int, world_size: int) -> dict[str, Any]:
+    """One step of a native u-μP decoder sharded by Accelerate's FSDP2 plugin.
+
+    Accelerate turns its FSDP plugin on only for GPU-like devices (on a CPU it
+    falls back to DDP, whatever the plugin says), so the test switches the
+    state to FSDP after construction: ``prepare`` then runs Accelerate's own
+    FSDP2 preparation (``fsdp2_prepare_model``: torch's ``fully_shard`` per
+    ``TransformerLayer`` and on the root), on gloo."""
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="0",
+        OMP_NUM_THREADS="1",
+    )
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2,
+        auto_wrap_policy="transformer_based_wrap",
+        transformer_cls_names_to_wrap=["TransformerLayer"],
+    )
+    accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
+    accelerator.state.distributed_type = DistributedType.FSDP
+    accelerator.state.fsdp_plugin = plugin
+    model = _decoder()
+    optimizer = uu.optim.AdamW(model.parameters(), lr=0.5)
+    lrs = sorted(g["lr"] for g in optimizer.param_groups)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    rows = _rows()[:, :17]
+    local = rows[rank * ROWS // world_size : (rank + 1) * ROWS // world_size]
+    accelerator.backward(accelerator.unwrap_model(model).loss(local))
+    return {
+        "sharded": type(model).__name__,
+        "tags": {n: getattr(p, "mup_type", None) for n, p in model.named_parameters()},
+        "lrs": lrs == sorted(g["lr"] for g in optimizer.param_groups),
+        "grads": {
+            n: p.grad.full_tensor().detach() for n, p in model.named_parameters()
+        },
+    }
+
+
+def _decoder() -> nn.Module:
+    torch.manual_seed(0)
+    return uu.TransformerDecoder(
+        64, 256, layers=2, heads=4, **uu.RECOMMENDED.multipliers
+    )
+
+
+@pytest.mark.distributed
+def test_fsdp2_through_accelerates_plugin_keeps_tags_and_the_rule() -> None:
+    model = _decoder()
+    model.loss(_rows()[:, :17]).backward()
+    whole = grads(model)
+    tags = {n: p.mup_type for n, p in model.named_parameters()}  # type: ignore[attr-defined]
+    for rank in run_distributed(_fsdp2_step):
+        assert rank["sharded"].startswith("FSDP")
+        assert rank["tags"] == tags
+        assert rank["lrs"]
+        error, where = worst_error(rank["grads"], whole)
+        assert error <= 1e-5, (where, error)

@@ -22,7 +22,15 @@ from tests.integrations.models import (
     transformers,
     worst_error,
 )
-from unit_scaling.integrations.hf import TRAINER_DEFAULT_LR, UnitScalingTrainer
+from unit_scaling.app.baseline import StandardTransformerDecoder
+from unit_scaling.float8 import convert_to_float8_training
+from unit_scaling.integrations.hf import (
+    TRAINER_DEFAULT_LR,
+    CausalLM,
+    UnitScalingTrainer,
+)
+from unit_scaling.parameter import is_unit_scaled
+from unit_scaling.transforms import simulate_fp8
 
 pytestmark = pytest.mark.integration
 
@@ -38,16 +46,25 @@ class _IntegerCount(Trainer):  # type: ignore[misc]
 
 
 def _first_step(
-    trainer_class: type, model: Any, tmp_path: Path, **overrides: Any
+    trainer_class: type,
+    model: Any,
+    tmp_path: Path,
+    reference: Any = None,
+    **overrides: Any,
 ) -> StepProbe:
     """One optimizer step of ``trainer_class``; the probe's gradients."""
-    probe = StepProbe()
+    probe = StepProbe(reference)
+    optimizer = (
+        uu.optim.AdamW(model.parameters(), lr=0.5)
+        if is_unit_scaled(model)
+        else torch.optim.AdamW(model.parameters(), lr=1e-3)
+    )
     trainer = recording(trainer_class, probe)(
         model=model,
         args=arguments(tmp_path, max_grad_norm=0.0, **overrides),
         train_dataset=Tokens(),
         callbacks=[probe],
-        optimizers=(uu.optim.AdamW(model.parameters(), lr=0.5), None),
+        optimizers=(optimizer, None),
     )
     trainer.train()
     assert probe.accumulated is not None and probe.whole is not None
@@ -96,8 +113,13 @@ def test_a_stock_trainer_trains_with_unit_scaled_gradients(
 def test_a_stock_trainer_accumulates_to_the_whole_batch(
     name: str, k: int, tmp_path: Path
 ) -> None:
-    probe = _first_step(Trainer, scaled(name), tmp_path, gradient_accumulation_steps=k,
-                        per_device_train_batch_size=8 // k)  # fmt: skip
+    probe = _first_step(
+        Trainer,
+        scaled(name),
+        tmp_path,
+        gradient_accumulation_steps=k,
+        per_device_train_batch_size=8 // k,
+    )
     assert len(probe.batches) == k
     error, where = worst_error(probe.accumulated, probe.whole)  # type: ignore[arg-type]
     assert error <= 1e-5, where
@@ -118,8 +140,13 @@ def _without_count(trainer_class: type) -> type:
 def test_without_a_count_a_stock_trainer_is_k_to_the_minus_half_off(
     tmp_path: Path,
 ) -> None:
-    probe = _first_step(_without_count(Trainer), scaled("llama"), tmp_path,
-                        gradient_accumulation_steps=4, per_device_train_batch_size=2)  # fmt: skip
+    probe = _first_step(
+        _without_count(Trainer),
+        scaled("llama"),
+        tmp_path,
+        gradient_accumulation_steps=4,
+        per_device_train_batch_size=2,
+    )
     name = "lm_head.weight"
     ratio = probe.accumulated[name].norm() / probe.whole[name].norm()  # type: ignore[index]
     assert float(ratio) == pytest.approx(0.5, rel=1e-4)
@@ -131,8 +158,13 @@ def test_the_integration_accumulates_to_the_whole_batch(
     k: int, count: bool, tmp_path: Path
 ) -> None:
     trainer_class = UnitScalingTrainer if count else _without_count(UnitScalingTrainer)
-    probe = _first_step(trainer_class, scaled("gpt2"), tmp_path,
-                        gradient_accumulation_steps=k, per_device_train_batch_size=8 // k)  # fmt: skip
+    probe = _first_step(
+        trainer_class,
+        scaled("gpt2"),
+        tmp_path,
+        gradient_accumulation_steps=k,
+        per_device_train_batch_size=8 // k,
+    )
     error, where = worst_error(probe.accumulated, probe.whole)  # type: ignore[arg-type]
     assert error <= 1e-5, where
 
@@ -148,8 +180,10 @@ def test_the_integration_builds_u_mup_optimizers(tmp_path: Path) -> None:
     assert sorted(g["lr"] for g in optimizer.param_groups) == sorted(
         g["lr"] for g in reference.param_groups
     )
-    given = UnitScalingTrainer(model=model, args=arguments(tmp_path, learning_rate=0.25,
-                                                           optim="sgd", weight_decay=0.1))  # fmt: skip
+    given = UnitScalingTrainer(
+        model=model,
+        args=arguments(tmp_path, learning_rate=0.25, optim="sgd", weight_decay=0.1),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sgd = given.create_optimizer()
@@ -160,29 +194,41 @@ def test_the_integration_builds_u_mup_optimizers(tmp_path: Path) -> None:
 
 def test_the_integration_rejects_what_it_cannot_honour(tmp_path: Path) -> None:
     model = scaled("llama")
-    with pytest.raises(ValueError, match="optimizers=.AdamW.*unit_scaling.optim"):
-        UnitScalingTrainer(model=model, args=arguments(tmp_path),
-                           optimizers=(torch.optim.AdamW(model.parameters()), None))  # fmt: skip
+    with pytest.raises(ValueError, match=r"optimizers=.AdamW.*unit_scaling.optim"):
+        UnitScalingTrainer(
+            model=model,
+            args=arguments(tmp_path),
+            optimizers=(torch.optim.AdamW(model.parameters()), None),
+        )
     with pytest.raises(ValueError, match="no u-μP tags"):
-        UnitScalingTrainer(model=transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            n_layer=1, n_embd=32, n_head=2, vocab_size=64)), args=arguments(tmp_path))  # fmt: skip
+        UnitScalingTrainer(
+            model=transformers.GPT2LMHeadModel(
+                transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)
+            ),
+            args=arguments(tmp_path),
+        )
     trainer = UnitScalingTrainer(
         model=model, args=arguments(tmp_path, optim="adafactor")
     )
     with pytest.raises(ValueError, match="optim='adafactor' has no u-μP"):
         trainer.create_optimizer()
     with pytest.warns(UserWarning, match="loss is computed outside the model"):
-        UnitScalingTrainer(model=model, args=arguments(tmp_path),
-                           compute_loss_func=lambda *a, **k: torch.tensor(0.0))  # fmt: skip
+        UnitScalingTrainer(
+            model=model,
+            args=arguments(tmp_path),
+            compute_loss_func=lambda *a, **k: torch.tensor(0.0),
+        )
 
 
 def test_max_grad_norm_bounds_the_gradients_rms(tmp_path: Path) -> None:
     model = scaled("llama")
     probe = StepProbe()
     trainer = recording(UnitScalingTrainer, probe)(
-        model=model, args=arguments(tmp_path, max_grad_norm=0.25, learning_rate=0.5),
-        train_dataset=Tokens(), callbacks=[probe],
-    )  # fmt: skip
+        model=model,
+        args=arguments(tmp_path, max_grad_norm=0.25, learning_rate=0.5),
+        train_dataset=Tokens(),
+        callbacks=[probe],
+    )
     trainer.train()
     clipped = torch.cat([g.flatten() for g in probe.accumulated.values()])  # type: ignore[union-attr]
     assert float(clipped.pow(2).mean().sqrt()) == pytest.approx(0.25, rel=1e-4)
@@ -192,3 +238,103 @@ def test_max_grad_norm_bounds_the_gradients_rms(tmp_path: Path) -> None:
     assert logged["grad_norm"] == pytest.approx(
         logged["grad_rms"] * math.sqrt(size), rel=1e-5
     )
+
+
+def test_a_resumed_run_follows_the_uninterrupted_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GPT-2 (its readout tied to the embedding): save at step 2 of 4, resume a
+    fresh unit_scale'd model from there."""
+
+    def run(resume: str | None) -> tuple[list[float], Any]:
+        model = scaled("gpt2")
+        args = arguments(
+            tmp_path,
+            max_steps=4,
+            save_strategy="steps",
+            save_steps=2,
+            learning_rate=0.5,
+            seed=0,
+        )
+        trainer = UnitScalingTrainer(model=model, args=args, train_dataset=Tokens())
+        trainer.train(resume_from_checkpoint=resume)
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        return losses, model
+
+    whole, _ = run(None)
+    with caplog.at_level("WARNING"):
+        resumed, model = run(str(tmp_path / "checkpoint-2"))
+    assert (tmp_path / "checkpoint-2" / "unit_scaling.json").is_file()
+    assert max(abs(a - b) for a, b in zip(whole[2:], resumed[2:], strict=True)) <= 1e-6
+    assert not [r for r in caplog.records if "missing keys" in r.getMessage()]
+    assert model.lm_head.weight is model.transformer.wte.weight
+
+
+@pytest.mark.parametrize(
+    "variant", ["bf16", "simulate_fp8", "convert_to_float8_training", "torch_compile"]
+)
+def test_the_integration_trains_evaluates_and_predicts(
+    variant: str, tmp_path: Path
+) -> None:
+    model = scaled("llama")
+    options: dict[str, Any] = {}
+    if variant == "simulate_fp8":
+        model = simulate_fp8(model)
+    elif variant == "convert_to_float8_training":
+        model = convert_to_float8_training(model)
+    else:
+        options[variant] = True
+    args = arguments(tmp_path, max_steps=3, learning_rate=0.5, **options)
+    trainer = UnitScalingTrainer(
+        model=model, args=args, train_dataset=Tokens(), eval_dataset=Tokens(16, seed=1)
+    )
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert losses[-1] < losses[0]
+    assert math.isfinite(trainer.evaluate()["eval_loss"])
+    predictions = trainer.predict(Tokens(8, seed=2)).predictions
+    logits = predictions[0] if isinstance(predictions, tuple) else predictions
+    assert logits.shape == (8, 32, 256)
+
+
+def _own_loss_grads(lm: Any, batches: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The gradients of the decoder's own ``.loss`` on the concatenated batches
+    (what our training loop computes), keyed as in the adapter."""
+    saved = {n: p.grad for n, p in lm.named_parameters()}
+    lm.zero_grad(set_to_none=True)
+    lm.decoder.loss(torch.cat(batches)).backward()
+    out = {n: p.grad.clone() for n, p in lm.named_parameters() if p.grad is not None}
+    for n, p in lm.named_parameters():
+        p.grad = saved[n]
+    return out
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["uu", "plain-baseline"])
+def test_our_decoders_train_in_trainer_as_in_our_loop(
+    plain: bool, tmp_path: Path
+) -> None:
+    """Two micro-batches in Trainer step with the gradient of the decoder's own
+    .loss on their concatenation: u-μP in UnitScalingTrainer, the plain
+    baseline in a stock Trainer."""
+    torch.manual_seed(0)
+    if plain:
+        lm, trainer_class = CausalLM(StandardTransformerDecoder(64, 256, 2, 4)), Trainer
+    else:
+        decoder = uu.TransformerDecoder(64, 256, 2, 4, **uu.RECOMMENDED.multipliers)
+        lm, trainer_class = CausalLM(decoder), UnitScalingTrainer
+    probe = _first_step(
+        trainer_class,
+        lm,
+        tmp_path,
+        _own_loss_grads,
+        gradient_accumulation_steps=2,
+        per_device_train_batch_size=4,
+    )
+    error, where = worst_error(probe.accumulated, probe.whole)  # type: ignore[arg-type]
+    assert error <= 1e-5, where
+
+
+def test_the_plain_baseline_is_not_for_the_integration(tmp_path: Path) -> None:
+    lm = CausalLM(StandardTransformerDecoder(64, 256, layers=2, heads=4))
+    with pytest.raises(ValueError, match="no u-μP tags"):
+        UnitScalingTrainer(model=lm, args=arguments(tmp_path))

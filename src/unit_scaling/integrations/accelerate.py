@@ -169,7 +169,7 @@ class Accelerator(accelerate.Accelerator):  # type: ignore[misc]
             )
         tags = {id(m): mup_tags(m) for m in unit}
         result = super().prepare(*args, device_placement=device_placement)
-        prepared = result if isinstance(result, tuple) else (result,)
+        prepared = result if isinstance(result, (tuple, list)) else (result,)
         for before, after in zip(args, prepared, strict=True):
             if id(before) in tags:
                 self._unit_scaled = True
