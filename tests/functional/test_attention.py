@@ -123,6 +123,21 @@ def test_masks_pass_through_and_set_the_scale() -> None:
     _check_matches_torch(*_qkv(2, 3, 10, 16), mult=2.0, attn_mask=bias, c=full)
 
 
+def test_a_learned_mask_gradient_is_scaled_by_its_broadcast() -> None:
+    # A relative position bias (3 heads, 10 x 10) added to the scores of every
+    # example: its gradient sums the batch's, times batch^-1/2 for each batch
+    # (the same bias given at full size gets the terms of that sum).
+    for batch in (4, 2):
+        q, k, v = _qkv(batch, 3, 10, 16)
+        bias = randn(3, 10, 10, seed=3).requires_grad_()
+        full = bias.detach().expand(batch, -1, -1, -1).clone().requires_grad_()
+        for mask in (bias, full):
+            y = U.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            unit_backward(y, seed=4)
+        assert bias.grad is not None and full.grad is not None
+        torch.testing.assert_close(bias.grad, batch**-0.5 * full.grad.sum(0))
+
+
 @pytest.mark.parametrize("dtype", [torch.bool, torch.float32])
 def test_explicit_causal_mask_is_unit_scaled_like_is_causal(dtype: torch.dtype) -> None:
     # Hugging Face models pass a causal mask instead of is_causal=True.

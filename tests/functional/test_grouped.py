@@ -2,7 +2,9 @@
 
 Scales restated from the rule: ``alpha = k^-1/2``, ``beta_a = n^-1/2``,
 ``beta_b = m^-1/2`` with ``b`` of shape ``(groups, k, n)`` and ``m`` rows of ``a``
-per group (on average). The reference is a plain per-group loop of ``torch.mm``.
+per group (on average); a constraint ties ``alpha`` and ``beta_a`` only (``beta_b``
+follows the batch, as a linear layer's weight gradient scale does). The
+reference is a plain per-group loop of ``torch.mm``.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def test_grouped_mm_matches_torch_times_scales(
         m = 10
     else:
         a, b, offs, m = randn(4, 6, 12, seed=0), randn(4, 12, 20, seed=1), None, 6
-    alpha, beta_a, beta_b = apply_constraint(constraint, 12**-0.5, 20**-0.5, m**-0.5)
+    alpha, beta_a = apply_constraint(constraint, 12**-0.5, 20**-0.5)
+    beta_b = m**-0.5
     y = U.grouped_mm(a, b, offs=offs, constraint=constraint)
     grad = unit_backward(y, seed=2)
     refs = [t.detach().requires_grad_() for t in (a, b)]

@@ -35,6 +35,8 @@ from ..scale import scale_bwd, scale_fwd
 from ..transforms._capture.targets import (
     broadcast_gradient,
     calibrated_scale,
+    low_rank_update,
+    repeated_gradient,
     sum_branches,
 )
 from ._probe import (
@@ -99,7 +101,9 @@ _COUNTERPARTS: dict[Callable[..., Any], Callable[..., Any]] = {
     U.sum: torch.sum,
     U.mean: torch.mean,
     calibrated_scale: lambda input, factor: input,
-    broadcast_gradient: lambda input, other: input,
+    broadcast_gradient: lambda input, others: input,
+    repeated_gradient: lambda output, source: output,
+    low_rank_update: lambda output, update, scaling: output + update * scaling,
     U.step_mean: lambda loss, count, step_count: loss / step_count,
     U.micro_batch_loss: lambda loss, fraction: loss * fraction,
     scale_fwd: lambda input, scale: input,

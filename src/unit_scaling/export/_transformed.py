@@ -82,8 +82,13 @@ def export_transformed(
 
     values, conflicts = found.system.solve(cost)
     shifted = {name: (values[v], c) for v, (name, c) in found.shifted.items()}
+    # (A parameter no equation mentions, such as a table read only as a norm's
+    # input, which the norm's output does not depend on the scale of, keeps
+    # its values.)
     multiplied = {
-        name: values[v] for v, name in graph.parameters.items() if name not in shifted
+        name: values.get(v, 0.0)
+        for v, name in graph.parameters.items()
+        if name not in shifted
     }
     folded = _rescale(plain, multiplied, shifted)
     unfolded = [

@@ -7,9 +7,13 @@ unit-scaled attention costs the same as torch's (the fused kernels included).
 
 from __future__ import annotations
 
+import math
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..scale import scale_bwd
 from ._scaling import attention_scales
 
 __all__ = ["scaled_dot_product_attention"]
@@ -66,6 +70,13 @@ def scaled_dot_product_attention(
     \\approx \\ln s / s`), and covers padding and the explicit causal masks that
     Hugging Face models pass instead of ``is_causal``.
 
+    A float ``attn_mask`` that requires grad (a learned relative position bias)
+    is added to every score it is broadcast over, ``N`` of them per element: its
+    gradient sums ``N`` terms, so it is scaled by ``N^-1/2``, as a broadcast
+    operand's is. ``N`` is read from each call's shapes, since it grows with the
+    batch (a gradient accumulated over micro-batches must scale with it too; see
+    :mod:`unit_scaling.functional.steps`).
+
     Args:
         query: ``(..., Hq, L, d)``.
         key: ``(..., Hk, S, d)``.
@@ -97,6 +108,8 @@ def scaled_dot_product_attention(
         enable_gqa,
         mult,
     )
+    if attn_mask is not None and attn_mask.requires_grad:
+        attn_mask = _learned_mask(attn_mask, query, key)
     out = F.scaled_dot_product_attention(
         query,
         key,
@@ -108,3 +121,12 @@ def scaled_dot_product_attention(
         enable_gqa=enable_gqa,
     )
     return out if isinstance(c, float) and c == 1 else out * c
+
+
+def _learned_mask(attn_mask: Tensor, query: Tensor, key: Tensor) -> Tensor:
+    """``attn_mask`` with its gradient scaled by ``N^-1/2``, ``N`` the scores
+    each of its elements is added to."""
+    scores = (*query.shape[:-1], key.shape[-2])
+    shape = torch.broadcast_shapes(attn_mask.shape, scores)  # type: ignore[no-untyped-call]
+    expansion = math.prod(shape) / max(attn_mask.numel(), 1)
+    return scale_bwd(attn_mask, expansion**-0.5) if expansion > 1 else attn_mask

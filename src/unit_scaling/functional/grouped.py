@@ -7,6 +7,10 @@ Scales are those of a matrix product, counted per group: the output sums ``k``
 products (``alpha = k^-1/2``), each element of ``a``'s gradient sums ``n``
 (``beta_a = n^-1/2``), and each element of an expert's gradient sums the rows of
 its group, ``m`` on average (``beta_b = m^-1/2``, with ``m`` the rows per group).
+As for a linear layer's weight, the constraint ties ``alpha`` and ``beta_a`` only:
+``m`` grows with the batch, and a gradient accumulated over micro-batches is
+exact only if every expert's gradient scale follows it (see
+:mod:`unit_scaling.functional.steps`).
 
 On CUDA the product is :func:`torch.nn.functional.grouped_mm`; elsewhere (its
 CPU kernel takes only 16-byte aligned strides and has no backward for every
@@ -165,7 +169,8 @@ def grouped_mm(
             also accepted positionally, as ``torch._grouped_mm`` takes it).
         bias: not supported (``None``), as in torch's CPU kernel.
         out_dtype: the output's dtype (default ``mat_a``'s).
-        constraint: applied to ``(alpha, beta_a, beta_b)``.
+        constraint: applied to ``(alpha, beta_a)``; ``beta_b`` is always
+            independent (see the module docstring).
 
     Example::
 
@@ -180,9 +185,8 @@ def grouped_mm(
         raise ValueError(
             "U.grouped_mm: bias is not supported; add it after the product"
         )
-    alpha, beta_a, beta_b = apply_constraint(
-        constraint, max(k, 1) ** -0.5, max(n, 1) ** -0.5, max(rows, 1.0) ** -0.5
-    )
+    alpha, beta_a = apply_constraint(constraint, max(k, 1) ** -0.5, max(n, 1) ** -0.5)
+    beta_b = max(rows, 1.0) ** -0.5
     # alpha rides on a's forward, so b's gradient (a product with a) needs 1/alpha.
     a = scale_twoway(mat_a, alpha, beta_a)
     b = scale_twoway(mat_b, 1.0, beta_b / alpha)

@@ -16,7 +16,14 @@ from torch import Tensor
 
 from ...scale import scale_bwd, scale_fwd
 
-__all__ = ["RESCALING", "broadcast_gradient", "calibrated_scale", "sum_branches"]
+__all__ = [
+    "RESCALING",
+    "broadcast_gradient",
+    "calibrated_scale",
+    "low_rank_update",
+    "repeated_gradient",
+    "sum_branches",
+]
 
 
 def calibrated_scale(input: Tensor, factor: float) -> Tensor:
@@ -34,18 +41,38 @@ def sum_branches(*branches: Tensor) -> Tensor:
     return cast(Tensor, total * len(branches) ** -0.5)
 
 
-def broadcast_gradient(input: Tensor, other: Sequence[int]) -> Tensor:
+def low_rank_update(output: Tensor, update: Tensor, scaling: float) -> Tensor:
+    """``output + update * scaling``, with its true gradient: a low-rank
+    adapter's update (LoRA's ``x Aᵀ Bᵀ``) joining the output of the layer it
+    adapts as the merged weight ``W + scaling B A`` would compute it (see
+    ``transforms._unit.adapters``)."""
+    return output + update * scaling
+
+
+def broadcast_gradient(input: Tensor, *others: Sequence[int]) -> Tensor:
     """``input``, whose gradient is scaled by ``expansion^-½``: ``expansion`` is
-    how many times broadcasting ``input`` against the shape ``other`` (the
-    other operand's size, passed as a size so that the graph shows no data
-    flowing from it) repeats each of its elements. Read from the shapes of each
+    how many times broadcasting ``input`` against the shapes ``others`` (the
+    other operands' sizes, passed as sizes so that the graph shows no data
+    flowing from them) repeats each of its elements. Read from the shapes of each
     call: a graph captured with dynamic shapes scales each batch by its own."""
-    shape = torch.broadcast_shapes(input.shape, other)  # type: ignore[no-untyped-call]
+    shape = torch.broadcast_shapes(input.shape, *others)  # type: ignore[no-untyped-call]
     expansion = math.prod(shape) / max(input.numel(), 1)
     return scale_bwd(input, expansion**-0.5) if expansion > 1 else input
 
 
+def repeated_gradient(output: Tensor, source: Sequence[int]) -> Tensor:
+    """``output``, which holds the elements of a tensor of size ``source``
+    repeated (``x.expand(...)``, ``x.repeat(...)``, ``table[indices]``), whose
+    gradient is scaled by ``repeats^-½``: ``repeats = output.numel() /
+    numel(source)`` is how many times each element of the source is used, on
+    average, so its gradient sums as many terms (for a lookup it may be under
+    1). Read from the shapes of each call, as :func:`broadcast_gradient`: the
+    repeats of a tensor shared by every example grow with the batch."""
+    repeats = output.numel() / max(math.prod(source), 1)
+    return output if repeats in (0, 1) else scale_bwd(output, repeats**-0.5)
+
+
 # Targets whose output is their first argument rescaled, in value or gradient.
 RESCALING: frozenset[Callable[..., Any]] = frozenset(
-    {scale_bwd, scale_fwd, calibrated_scale, broadcast_gradient}
+    {scale_bwd, scale_fwd, calibrated_scale, broadcast_gradient, repeated_gradient}
 )

@@ -19,7 +19,7 @@ from ..._torch_internals import is_functorch_wrapped_tensor
 from ...scale import scale_bwd
 from .._capture.engine import StatefulPass
 from .._capture.graph import SAME_ELEMENTS, example_value
-from .._capture.targets import broadcast_gradient, calibrated_scale
+from .._capture.targets import broadcast_gradient, calibrated_scale, repeated_gradient
 from .statistics import raw_statistics, row_layout
 
 __all__ = ["Key", "Record", "TrackingPass", "is_tracked_value"]
@@ -209,7 +209,7 @@ def _internal_values(graph: Graph) -> dict[Node, Node]:
         source = node.args[0]
         if not isinstance(source, Node):
             continue
-        if node.target in (scale_bwd, broadcast_gradient):
+        if node.target in (scale_bwd, broadcast_gradient, repeated_gradient):
             internal[node] = source
         elif (
             node.target is calibrated_scale

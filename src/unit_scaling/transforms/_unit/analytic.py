@@ -21,7 +21,13 @@ from ..._fx_names import module_path
 from ...scale import scale_bwd
 from .._capture.graph import have_common_ancestor, is_add, retarget
 from .._capture.opaque import UNIT_SCALED_FUNCTIONS
-from .._capture.targets import broadcast_gradient, calibrated_scale, sum_branches
+from .._capture.targets import (
+    broadcast_gradient,
+    calibrated_scale,
+    low_rank_update,
+    repeated_gradient,
+    sum_branches,
+)
 from .regions import (
     is_rearrangement,
 )
@@ -57,6 +63,8 @@ OURS = frozenset(
         calibrated_scale,
         sum_branches,
         broadcast_gradient,
+        repeated_gradient,
+        low_rank_update,
     }
 )
 

@@ -35,7 +35,8 @@ from torch.fx import Graph, Node
 
 from ... import functional as U
 from ...scale import scale_bwd
-from .._capture.targets import broadcast_gradient
+from .._capture.graph import OpSet
+from .._capture.targets import broadcast_gradient, repeated_gradient
 from .gradients import toward_loss
 from .rules import get_argument, set_argument
 from .values import GraphValues, Kind
@@ -250,12 +251,22 @@ _BROADCASTING = frozenset(
     {operator.mul, operator.add, operator.sub, torch.mul, torch.add, torch.sub}
     | {U.add, "mul", "add", "sub"}
 )
+# ``where(condition, a, b)``: each value is broadcast against the other and the
+# condition (a relative position bias put into a padding mask, say).
+_SELECTING = OpSet(frozenset({torch.where}), frozenset({"where"}))
+# Ops that repeat each element of their input, as broadcasting does implicitly.
+_REPEATING = OpSet(
+    frozenset({torch.broadcast_to, torch.tile, torch.repeat_interleave}),
+    frozenset(
+        {"expand", "expand_as", "broadcast_to", "repeat", "tile", "repeat_interleave"}
+    ),
+)
 
 
 def scale_broadcast_gradients(graph: Graph, values: GraphValues) -> None:
-    """Give the operand of a product or sum that is broadcast over ``N`` times
-    as many elements the gradient scale ``N^-1/2``: its gradient sums ``N``
-    terms, so it is ``sqrt(N)`` off unit scale, and by as much more as the
+    """Give the operand of a product, sum or ``where`` that is broadcast over
+    ``N`` times as many elements the gradient scale ``N^-1/2``: its gradient sums
+    ``N`` terms, so it is ``sqrt(N)`` off unit scale, and by as much more as the
     shapes grow. That is a conditioning signal applied to the stream: a DiT's
     adaLN shift, scale and gate broadcast over tokens, a U-Net's timestep
     embedding added to every pixel.
@@ -267,21 +278,21 @@ def scale_broadcast_gradients(graph: Graph, values: GraphValues) -> None:
     and rescaling it would pull down the gradient of the input the row shares
     with the other operand. The factor enters the path factors ``K`` like any
     ``beta / alpha``. Applied before regions are calibrated, so that a region
-    holding such an op measures its gradients with the scale in place."""
+    holding such an op measures its gradients with the scale in place.
+
+    The same holds where a tensor that no example owns is repeated explicitly
+    (see :func:`_scale_repeats`). Every factor is read from each call's shapes:
+    ``N`` counts the batch wherever the operand is shared by the examples, and
+    a factor baked at the captured batch would be wrong for every other."""
     order = {n: i for i, n in enumerate(graph.nodes)}
-    found: list[tuple[Node, Node, Node, float]] = []
+    found: list[tuple[Node, Node, list[Node], float]] = []
     for node in graph.nodes:
         if node.op not in ("call_function", "call_method"):
             continue
-        if node.target not in _BROADCASTING or len(node.args) != 2:
-            continue
-        a, b = node.args
         out = values.tensor(node)
-        if not (isinstance(a, Node) and isinstance(b, Node)) or out is None:
+        if out is None or not values.is_data(node):
             continue
-        if not (values.is_data(node) and values.is_data(a) and values.is_data(b)):
-            continue
-        for operand, other in ((a, b), (b, a)):
+        for operand, others in _broadcast_operands(node, values):
             info = values.tensor(operand)
             if info is None or not info.numel or out.numel % info.numel:
                 continue
@@ -289,15 +300,16 @@ def scale_broadcast_gradients(graph: Graph, values: GraphValues) -> None:
             dims = _broadcast_dims(info.shape, out.shape)
             if count == 1 or dims == {len(out.shape) - 1}:
                 continue
-            if not _depends_on(operand, other, order):
-                found.append((node, operand, other, count**-0.5))
-    for node, operand, other, factor in found:
+            if not any(_depends_on(operand, other, order) for other in others):
+                found.append((node, operand, others, count**-0.5))
+    for node, operand, others, factor in found:
         with graph.inserting_before(node):
             # (the factor is read from the shapes of each call: the batch of a
             # dynamic-shape graph changes)
-            size = graph.call_method("size", (other,))
-            scaled = graph.call_function(broadcast_gradient, (operand, size))
-        values.kinds[size] = Kind.CONST
+            sizes = [graph.call_method("size", (other,)) for other in others]
+            scaled = graph.call_function(broadcast_gradient, (operand, *sizes))
+        for size in sizes:
+            values.kinds[size] = Kind.CONST
         scaled.meta["capture_factor"] = factor
         node.replace_input_with(operand, scaled)
         values.record_like(scaled, operand)
@@ -307,6 +319,102 @@ def scale_broadcast_gradients(graph: Graph, values: GraphValues) -> None:
             operand,
             factor,
         )
+    _scale_repeats(graph, values)
+
+
+def _broadcast_operands(
+    node: Node, values: GraphValues
+) -> list[tuple[Node, list[Node]]]:
+    """Each operand of an elementwise op that may be broadcast, with the
+    tensors it is broadcast against."""
+    args = node.args
+    if node.target in _BROADCASTING and len(args) == 2:
+        a, b = args
+        if values.is_data(a) and values.is_data(b):
+            assert isinstance(a, Node) and isinstance(b, Node)
+            return [(a, [b]), (b, [a])]
+        return []
+    if node in _SELECTING and len(args) == 3:
+        # torch.where(condition, a, b) or a.where(condition, b)
+        condition, a, b = args if node.op == "call_function" else (args[1], *args[::2])
+        tensors = [x for x in (condition, a, b) if isinstance(x, Node)]
+        tensors = [x for x in tensors if values.tensor(x) is not None]
+        return [
+            (x, [t for t in tensors if t is not x])
+            for x in (a, b)
+            if isinstance(x, Node) and values.is_data(x)
+        ]
+    return []
+
+
+def _scale_repeats(graph: Graph, values: GraphValues) -> None:
+    """Scale the gradient of a tensor that an op repeats (``expand``,
+    ``repeat``; a lookup ``table[indices]``) by ``repeats^-1/2``, read from each
+    call's shapes (:func:`repeated_gradient`), wherever the repeats may count
+    the examples of the batch. That is a parameter, or what is computed from
+    parameters alone, whatever it is repeated over (a class token expanded to
+    every example, a position table read at every example's positions); and an
+    activation repeated along the leading (batch) dimension (DeBERTa's
+    relative-position projections, one copy per example). An activation
+    repeated along other dimensions (grouped-query attention's keys, one per
+    query head) keeps its calibrated scales: its repeats do not depend on the
+    batch."""
+    for node in list(graph.nodes):
+        if node.op not in ("call_function", "call_method") or not node.args:
+            continue
+        source = node.args[0]
+        info, out = values.tensor(source), values.tensor(node)
+        if info is None or out is None or not info.is_float or info.numel == 0:
+            continue
+        assert isinstance(source, Node)
+        kind = values.kind(source)
+        if node in _REPEATING:
+            shared = kind is Kind.PARAM or (
+                kind is Kind.DATA and _repeats_leading(info.shape, out.shape)
+            )
+        else:
+            shared = kind is Kind.PARAM and _is_lookup(node, values)
+        if not shared or (node in _REPEATING and out.numel == info.numel):
+            continue
+        with graph.inserting_before(node):
+            size = graph.call_method("size", (source,))
+        with graph.inserting_after(node):
+            scaled = graph.call_function(repeated_gradient, (node, size))
+        values.kinds[size] = Kind.CONST
+        values.record_like(scaled, node)
+        scaled.meta["capture_factor"] = (info.numel / out.numel) ** 0.5
+        for user in list(node.users):
+            if user is not scaled:
+                user.replace_input_with(node, scaled)
+        logger.info(
+            "scaling a repeated gradient: %s (gradient x%.4g here)",
+            node,
+            scaled.meta["capture_factor"],
+        )
+
+
+def _repeats_leading(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """Whether a tensor of ``shape`` repeated into ``out`` is repeated along the
+    leading dimension."""
+    if len(shape) > len(out) or not out:
+        return False
+    padded = (1,) * (len(out) - len(shape)) + tuple(shape)
+    return out[0] > padded[0]
+
+
+def _is_lookup(node: Node, values: GraphValues) -> bool:
+    """``x[indices]`` with integer tensor indices: a gather, which may read each
+    element of ``x`` many times (an embedding written as indexing)."""
+    if node.target is not operator.getitem or len(node.args) != 2:
+        return False
+    index = node.args[1]
+    parts = index if isinstance(index, (tuple, list)) else (index,)
+    return any(
+        (info := values.tensor(part)) is not None
+        and not info.is_float
+        and info.dtype != torch.bool
+        for part in parts
+    )
 
 
 def _broadcast_dims(shape: tuple[int, ...], out: tuple[int, ...]) -> set[int]:
@@ -346,8 +454,8 @@ def _path_factors(
 
 def _ratio(user: Node, node: Node, rho: dict[tuple[Node, Node], float]) -> float:
     """``beta / alpha`` of ``user`` for its input ``node``."""
-    if user.target is broadcast_gradient:  # its factor at the shapes captured
-        return float(user.meta["capture_factor"])
+    if "capture_factor" in user.meta:  # a factor read from each call's shapes
+        return float(user.meta["capture_factor"])  # (as it was at the capture)
     if user.target is scale_bwd:  # a calibrated gradient scale
         factor = user.args[1]
         assert isinstance(factor, (int, float))

@@ -31,6 +31,8 @@ normalisation, which scale their own parameter gradients) gets its gradient
 scaled by ``expansion^(-1/2)``, ``expansion`` being how many output elements each
 of its elements reaches: the gradient of a broadcast parameter sums that many
 unit terms. A parameter's gradient feeds nothing else, so this scale is free.
+Where the op broadcasts the parameter (an elementwise op), ``expansion`` is read
+from each call's shapes, since it counts the examples of the batch.
 """
 
 from __future__ import annotations
@@ -265,11 +267,11 @@ def weight_fan_ins(
     return found
 
 
-# Binary ops whose output has the broadcast shape of their two operands.
-_ELEMENTWISE_BINARY = frozenset(
-    {operator.mul, operator.add, operator.sub, operator.truediv}
-    | {torch.mul, torch.add, torch.sub, torch.div, U.add}
-    | {"mul", "add", "sub", "div"}
+# Elementwise ops: their output has the broadcast shape of their tensor operands.
+_ELEMENTWISE = frozenset(
+    {operator.mul, operator.add, operator.sub, operator.truediv, U.add}
+    | {torch.mul, torch.add, torch.sub, torch.div, torch.where}
+    | {"mul", "add", "sub", "div", "where"}
 )
 
 
@@ -291,14 +293,20 @@ def scale_direct_parameter_gradients(graph: Graph, values: GraphValues) -> int:
             expansion = out.numel / source.numel
             if expansion <= 1:
                 continue
-            others = [a for a in consumer.args if isinstance(a, Node) and a is not via]
+            others = [
+                a
+                for a in consumer.all_input_nodes
+                if a is not via and values.tensor(a) is not None
+            ]
             with graph.inserting_before(consumer):
-                if consumer.target in _ELEMENTWISE_BINARY and len(others) == 1:
-                    # read from each call's shapes (a dynamic batch changes them)
-                    size = graph.call_method("size", (others[0],))
-                    values.kinds[size] = Kind.CONST
-                    use = graph.call_function(broadcast_gradient, (via, size))
-                else:
+                if consumer.target in _ELEMENTWISE:
+                    # read from each call's shapes: the expansion counts the
+                    # batch, which changes from call to call
+                    sizes = [graph.call_method("size", (a,)) for a in others]
+                    for size in sizes:
+                        values.kinds[size] = Kind.CONST
+                    use = graph.call_function(broadcast_gradient, (via, *sizes))
+                else:  # any other op (a join): its sizes as captured
                     use = graph.call_function(scale_bwd, (via, expansion**-0.5))
             consumer.replace_input_with(via, use)
             scaled += 1

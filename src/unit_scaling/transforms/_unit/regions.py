@@ -40,7 +40,7 @@ from ..._standins import normal, normal_like, seeded
 from ...scale import scale_bwd
 from .._capture.dynamo import is_functorch_internal
 from .._capture.graph import SAME_ELEMENTS, OpSet, run_quietly
-from .._capture.targets import broadcast_gradient, calibrated_scale
+from .._capture.targets import broadcast_gradient, calibrated_scale, repeated_gradient
 from .values import GraphValues, Kind, TensorInfo
 
 __all__ = [
@@ -568,6 +568,7 @@ def apply_input_gradient_scales(
         if not values.is_data(source) or source.target in (
             scale_bwd,
             broadcast_gradient,
+            repeated_gradient,
         ):
             continue  # (a broadcast operand has its analytic gradient scale)
         factor = _round_scale(1 / rms)
