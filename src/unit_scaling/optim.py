@@ -395,6 +395,8 @@ def scaled_parameters(
                     "unit_scaling.Parameter, shard with unit_scaling.parallel."
                     "fully_shard (torch's fully_shard drops tags), pass tags= "
                     "captured with mup_tags() before the parameters were replaced, "
+                    "call unit_scaling.transforms.tag_added_parameters(model) for "
+                    "one that joined a unit_scale output later (an adapter's), "
                     "or set allow_non_unit_scaling_params=True to give it the base lr"
                 )
             decay = (

@@ -25,6 +25,7 @@ from .unit_scale import (
     UnitScaleReport,
     checkpoint_record,
     load_checkpoint_record,
+    tag_added_parameters,
     unit_scale,
     unit_scale_report,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "prune_selected_nodes",
     "simulate_format",
     "simulate_fp8",
+    "tag_added_parameters",
     "track_scales",
     "unit_scale",
     "unit_scale_report",

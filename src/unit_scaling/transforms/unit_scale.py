@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from .._torch_internals import pytree
 from ..core.functional import transformer_residual_scaling_rule
+from ..parameter import has_parameter_data
 from ._capture.engine import (
     M,
     Place,
@@ -25,12 +26,14 @@ from ._unit.checkpoint import KEY, decode, encode, record_in_config
 from ._unit.graph_pass import UnitScalingPass
 from ._unit.report import UnitScaleReport
 from ._unit.setup import load_record, setup, unit_pass_of
+from ._unit.tags import tag_added
 
 __all__ = [
     "UNIT_SCALED_FUNCTIONS",
     "UnitScaleReport",
     "checkpoint_record",
     "load_checkpoint_record",
+    "tag_added_parameters",
     "unit_scale",
     "unit_scale_report",
 ]
@@ -248,6 +251,42 @@ def load_checkpoint_record(module: nn.Module, record: dict[str, Any]) -> None:
         True
     """
     load_record(module, record, "load_checkpoint_record")
+
+
+def tag_added_parameters(module: nn.Module) -> list[str]:
+    """Tag now the trainable parameters of ``module`` (a ``unit_scale`` output)
+    that carry no u-μP tags, and return their names.
+
+    Parameters that join a model after ``unit_scale`` (an adapter's, say
+    ``get_peft_model(unit_scale(model), LoraConfig(...))``) are tagged at the
+    model's next call, from the layer that owns them and their use in the
+    graph. A :mod:`unit_scaling.optim` optimizer built before that call needs
+    their tags first: this gives them as ``unit_scale`` would have had they
+    been there (the next call may refine a tag its graph shows otherwise,
+    with a warning to build the optimizer again). Parameters that carry tags
+    are left alone.
+
+    Raises:
+        ValueError: if ``module`` was not made by ``unit_scale``.
+
+    Example::
+
+        >>> model = unit_scale(nn.Sequential(nn.Linear(8, 8), nn.GELU()))
+        >>> model[0].register_parameter("extra", nn.Parameter(torch.randn(4, 8)))
+        >>> tag_added_parameters(model)
+        ['0.extra']
+        >>> model[0].extra.mup_type
+        'weight'
+    """
+    unit_pass = unit_pass_of(module, "tag_added_parameters")
+    untagged: list[tuple[str, Tensor]] = [
+        (name, p)
+        for name, p in module.named_parameters()
+        if p.requires_grad and not has_parameter_data(p)
+    ]
+    if untagged:
+        unit_pass.report.tags.update(tag_added(module, untagged))
+    return [name for name, _ in untagged]
 
 
 def _residual_name(residual_scaling: str | Callable[[int, int], float]) -> str:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 from torch.fx import Graph, GraphModule, Node
 
 from ..._fx_names import module_path
@@ -23,7 +24,8 @@ from .._capture.engine import (
     CapturePass,
 )
 from .._capture.fallbacks import collecting, fell_back
-from .._capture.targets import broadcast_gradient
+from .._capture.targets import broadcast_gradient, repeated_gradient
+from .adapters import rewrite_low_rank_updates
 from .analytic import (
     OURS,
     op_name,
@@ -63,9 +65,15 @@ from .params import (
     weight_fan_ins,
 )
 from .patterns import rewrite_patterns
-from .report import OpRecord, ParameterRecord, UnitScaleReport
+from .report import (
+    ADDED_AFTER_SETUP,
+    OpRecord,
+    ParameterRecord,
+    UnitScaleReport,
+    name_pattern,
+)
 from .residuals import find_residuals, rewrite_residual
-from .tags import TagRecord, tag_from_graph
+from .tags import TagRecord, tag_added, tag_from_graph
 from .values import GraphValues, Kind, graph_values
 
 __all__ = ["UnitScalingPass"]
@@ -79,7 +87,8 @@ logger = logging.getLogger("unit_scaling.transforms.unit_scale")
 class UnitScalingPass(CapturePass):
     """The ``unit_scale`` graph pass, with what it learns across captures: the
     report, and which parameters have been initialised (by name, so that copies
-    of a transformed module keep their parameters' values)."""
+    of a transformed module keep their parameters' values, and by identity, so
+    that a wrapper renaming one does not) or joined the module after setup."""
 
     def __init__(
         self,
@@ -92,12 +101,21 @@ class UnitScalingPass(CapturePass):
         measured: dict[tuple[Any, ...], Measured] | None = None,
         cut_scales: dict[str, float] | None = None,
         residual_name: str = "fixed",
+        setup_shapes: dict[str, tuple[int, ...]] | None = None,
+        added: set[str] | None = None,
     ) -> None:
         self.replace = replace
         self.residual_scaling = residual_scaling
         self.residual_name = residual_name
         self.found: set[Any] = set()
         self.initialised: set[str] = set(initialised or ())
+        # The parameters the module held at setup: by identity (this module's
+        # own, with their names then), and the shape of each name (for its
+        # copies, whose parameters are other objects); and the names of those
+        # that joined it since, kept as they are.
+        self._at_setup: dict[int, tuple[weakref.ref[Tensor], tuple[str, ...]]] = {}
+        self.setup_shapes: dict[str, tuple[int, ...]] = dict(setup_shapes or {})
+        self.added: set[str] = set(added or ())
         # Calibrated parameter-gradient scales, by parameter name: measured at the
         # first capture that uses a parameter and reused by later ones.
         self.grad_scales: dict[str, float] = dict(grad_scales or {})
@@ -132,6 +150,8 @@ class UnitScalingPass(CapturePass):
             self.measured,
             self.cut_scales,
             self.residual_name,
+            self.setup_shapes,
+            self.added,
         )
 
     def record(self) -> Record:
@@ -221,7 +241,7 @@ class UnitScalingPass(CapturePass):
             for n in cuts
             if n.op == "call_function"
             and n.target in OURS
-            and n.target not in (scale_bwd, broadcast_gradient)
+            and n.target not in (scale_bwd, broadcast_gradient, repeated_gradient)
         ]
         # A vertex's gradient depends on what is summed downstream of it (the
         # tokens of a broadcast conditioning vector): keyed by the shapes of
@@ -322,9 +342,45 @@ class UnitScalingPass(CapturePass):
                 OpRecord("gradient", "calibrated", module_path(vertex), f"x{factor:g}")
             )
 
+    def remember_setup(self, params: list[tuple[str, nn.Parameter]]) -> None:
+        """Note the parameters the module holds when ``unit_scale`` sets it up
+        (by identity, and by name and shape for its copies): any other one
+        joined it later and is kept as it is (see ``_initialise_parameters``)."""
+        for name, p in params:
+            known = self._at_setup.get(id(p))
+            names = known[1] if known is not None else ()
+            self._at_setup[id(p)] = (weakref.ref(p), (*names, name))
+            self.setup_shapes[name] = tuple(p.shape)
+
+    def _names_at_setup(self, param: nn.Parameter) -> tuple[str, ...]:
+        """The names ``param`` had at setup, if this module held it then (a
+        wrapper, an adapter's, may have renamed it since)."""
+        known = self._at_setup.get(id(param))
+        return known[1] if known is not None and known[0]() is param else ()
+
+    def _joined_after_setup(self, param: nn.Parameter, names: list[str]) -> bool:
+        """Whether ``param`` was not part of the module at setup as it is now:
+        neither it (this module's own, renamed or not) nor a parameter of one
+        of its names (in a copy of the module, or sharded by FSDP2 since) had
+        its shape then. (Hugging Face's ``resize_token_embeddings`` gives the
+        table new data of another shape.)"""
+        if any(name in self.added for name in names):
+            return True
+        shape = tuple(param.shape)
+        return not any(
+            self.setup_shapes.get(name) == shape
+            for name in (*self._names_at_setup(param), *names)
+        )
+
     def _initialise_parameters(
         self, graph: Graph, values: GraphValues, context: CaptureContext
     ) -> dict[Node, str]:
+        """Initialise each parameter of the graph for its role, once, and tag it
+        from its use. Kept as they are: a parameter initialised before (at
+        setup, at an earlier capture, in the module a copy was made of, or as a
+        checkpoint records), and one that joined the module after setup (an
+        adapter's zero ``lora_B``, a resized embedding: deliberate values).
+        Returns each parameter placeholder's readable name."""
         names = context.parameter_names
         stand_ins = fsdp_unsharded_parameters(context.module)
         placeholders = list(graph.find_nodes(op="placeholder"))
@@ -339,23 +395,54 @@ class UnitScalingPass(CapturePass):
         }
         roles = graph_roles(graph, values, readable)
         fan_ins = weight_fan_ins(graph, values, roles)
+        # Each parameter's names now, and at setup where a wrapper renamed it.
+        aliases = {
+            node: names.get(id(params[node]), [readable[node]]) for node in roles
+        }
+        module_params = {
+            node: stand_ins.get(id(params[node]), params[node]) for node in roles
+        }
+        every = {
+            node: list(dict.fromkeys([*aliases[node], *self._names_at_setup(p)]))
+            for node, p in module_params.items()
+        }
+        joined = [
+            node
+            for node in roles
+            if self._joined_after_setup(module_params[node], aliases[node])
+        ]
+        added = [n for n in joined if not any(a in self.added for a in aliases[n])]
+        if added:
+            tagged = tag_added(
+                context.module, [(aliases[n][0], module_params[n]) for n in added]
+            )
+            for node in added:
+                tags = tagged[aliases[node][0]]
+                self.report.tags.update(dict.fromkeys(aliases[node], tags))
+                self.added.update(aliases[node])
         retagged = []
         for node, role in roles.items():
-            aliases = names.get(id(params[node]), [readable[node]])
-            record = self.report.tags.get(aliases[0])
-            param = stand_ins.get(id(params[node]), params[node])
+            param = module_params[node]
+            known = every[node]
+            record = next(
+                (self.report.tags[a] for a in known if a in self.report.tags), None
+            )
             if record is not None:
                 new = tag_from_graph(param, record, role, fan_ins.get(node))
-                if _LR_GROUP[new.mup_type] != _LR_GROUP[record.mup_type]:
+                if node in added:
+                    pass  # untagged until now: no optimizer could take it before
+                elif _LR_GROUP[new.mup_type] != _LR_GROUP[record.mup_type]:
                     retagged.append(f"{new.name} ({new.mup_type})")
                 elif new.mup_fan_in != record.mup_fan_in:
                     retagged.append(f"{new.name} (fan-in {new.mup_fan_in})")
-                self.report.tags.update(dict.fromkeys(aliases, new))
-            if any(a in self.initialised for a in aliases):
+                self.report.tags.update(dict.fromkeys(known, new))
+            if node in joined:
+                done = ADDED_AFTER_SETUP
+            elif any(a in self.initialised for a in known):
                 done = "initialised before"
             elif param is not params[node]:
                 raise RuntimeError(
-                    f"unit_scale initialises {aliases[0]} at the model's first call, "
+                    f"unit_scale initialises {known[0]} at the model's first call, "
                     "but FSDP2 (fully_shard) sharded it before that call: what "
                     "the first call would write lands in a gathered copy and is "
                     "lost. Call the transformed model once on an example batch, "
@@ -363,7 +450,6 @@ class UnitScalingPass(CapturePass):
                 )
             else:
                 done = initialise(params[node], role)
-                self.initialised.update(aliases)
                 if done != "kept":
                     logger.info(
                         "initialising parameter: %s (%s, %s)",
@@ -371,7 +457,24 @@ class UnitScalingPass(CapturePass):
                         role,
                         done,
                     )
+            # Under every name, so that a copy or a checkpoint of the module as
+            # it is now (its parameters renamed) keeps them too.
+            self.initialised.update(known)
+            if node not in joined:
+                shape = tuple(param.shape)
+                self.setup_shapes.update(dict.fromkeys(known, shape))
             self.report.parameters.append(ParameterRecord(readable[node], role, done))
+        if added:
+            logger.warning(
+                "unit_scale: %d parameter(s) joined %s after unit_scale was "
+                "called (an adapter's, a resized embedding): kept as they are, not "
+                "initialised for unit scale: %s. They take u-μP tags from their "
+                "layer or their use in the graph: build a unit_scaling.optim "
+                "optimizer after this call",
+                len(added),
+                type(context.module).__name__,
+                ", ".join(dict.fromkeys(name_pattern(readable[n]) for n in added)),
+            )
         if retagged:
             logger.warning(
                 "unit_scale: the first call showed the u-μP type or fan-in of %d "
@@ -462,6 +565,7 @@ class UnitScalingPass(CapturePass):
         recognise_step_means(graph, values, report, passed, context.call_numbers)
         self._warn_unrecognised(graph, values, passed, context)
         model_inputs = {node for node in passed if values.is_data(node)}
+        rewrite_low_rank_updates(graph, values, report)
         residuals = find_residuals(graph, values)
         self.residual_counts[id(gm)] = len(residuals)
         if self.residual_scaling is not None:

@@ -10,7 +10,17 @@ from typing import Any, Literal
 from .._capture.fallbacks import Fallback
 from .tags import TagRecord
 
-__all__ = ["OpRecord", "ParameterRecord", "UnitScaleReport"]
+__all__ = [
+    "ADDED_AFTER_SETUP",
+    "OpRecord",
+    "ParameterRecord",
+    "UnitScaleReport",
+    "name_pattern",
+]
+
+# A parameter's ``init`` when it joined the module after ``unit_scale`` set it
+# up (an adapter's weights, resized embeddings): its values are kept.
+ADDED_AFTER_SETUP = "kept: added after unit_scale"
 
 How = Literal["analytic", "residual", "calibrated", "unit already", "left as is"]
 
@@ -36,8 +46,10 @@ class OpRecord:
 @dataclasses.dataclass(frozen=True)
 class ParameterRecord:
     """A parameter's role as ``unit_scale`` read it from the graph, what was done
-    to its value (``"unit std"``, ``"zero"``, ``"ones"``, ``"kept"``, or
-    ``"initialised before"`` by the layer it belongs to or an earlier capture),
+    to its value (``"unit std"``, ``"zero"``, ``"ones"``, ``"kept"``,
+    ``"initialised before"`` by the layer it belongs to or an earlier capture, or
+    ``"kept: added after unit_scale"`` for a parameter that was not part of the
+    module when ``unit_scale`` was called: an adapter's, a resized embedding),
     and the calibrated scale applied to its gradient (1 if none)."""
 
     name: str
@@ -46,7 +58,7 @@ class ParameterRecord:
     grad_scale: float = 1.0
 
 
-def _pattern(module: str) -> str:
+def name_pattern(module: str) -> str:
     """``model.layers.3.mlp`` -> ``model.layers.*.mlp``: one row for every layer."""
     return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", module)
 
@@ -105,7 +117,7 @@ class UnitScaleReport:
         """Rows ``(op, how, module pattern, count, detail)``, in first-seen order."""
         rows: dict[tuple[str, str, str, str], int] = {}
         for r in self.ops:
-            key = (r.op, r.how, _pattern(r.module), r.detail)
+            key = (r.op, r.how, name_pattern(r.module), r.detail)
             rows[key] = rows.get(key, 0) + 1
         return [(op, how, mod, n, detail) for (op, how, mod, detail), n in rows.items()]
 
@@ -143,7 +155,7 @@ class UnitScaleReport:
         """One paragraph naming ops left as is, grouped (for the WARNING log)."""
         grouped: dict[tuple[str, str], list[str]] = {}
         for r in records:
-            grouped.setdefault((r.op, r.detail), []).append(_pattern(r.module))
+            grouped.setdefault((r.op, r.detail), []).append(name_pattern(r.module))
         parts = []
         for (op, detail), modules in grouped.items():
             where = ", ".join(dict.fromkeys(m or "<root>" for m in modules))

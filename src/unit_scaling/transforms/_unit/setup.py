@@ -55,8 +55,10 @@ def setup(
             UserWarning,
             stacklevel=_USER_FRAME,
         )
+    _reject_adapters(module)
     own_pass = state.pass_of(UnitScalingPass)
     params = list(module.named_parameters(remove_duplicate=False))
+    own_pass.remember_setup(params)
     if record is not None:
         own_pass.restore(record, where)
     keep = _weights_to_keep(params, init_weights, record, type(module).__name__)
@@ -69,6 +71,27 @@ def setup(
     )
     module.register_state_dict_post_hook(_save_record)  # type: ignore[no-untyped-call]
     module.register_load_state_dict_pre_hook(_load_record)  # type: ignore[no-untyped-call]
+
+
+def _reject_adapters(module: nn.Module) -> None:
+    """Refuse a module that already holds PEFT adapters: unit_scale would
+    initialise their weights as a layer's (LoRA's zero ``lora_B`` made unit
+    normal), changing the model. (Keyed on PEFT's package, for this message
+    only: the adapters themselves are recognised from the graph.)"""
+    found = [
+        name or "<root>"
+        for name, sub in module.named_modules()
+        if type(sub).__module__.partition(".")[0] == "peft"
+    ]
+    if found:
+        raise ValueError(
+            f"unit_scale: {type(module).__name__} holds PEFT adapters ("
+            f"{', '.join(found[:3])}{', ...' if len(found) > 3 else ''}), whose "
+            "weights unit_scale would initialise as a layer's (LoRA's zero lora_B "
+            "would become unit normal), changing the model. Attach the adapter "
+            "after unit_scale instead: get_peft_model(unit_scale(model), config) "
+            "starts from the unit-scaled model's function"
+        )
 
 
 def _weights_to_keep(

@@ -51,7 +51,7 @@ from ..._torch_internals import BatchNormBase, ConvNdBase, InstanceNormBase
 from ...optim import fan_in
 from ...parameter import MupType, retag, tags_of
 
-__all__ = ["TagRecord", "depths", "tag_from_graph", "tag_structure"]
+__all__ = ["TagRecord", "depths", "tag_added", "tag_from_graph", "tag_structure"]
 
 Source = Literal["model", "layer", "readout", "graph", "generic"]
 
@@ -169,17 +169,24 @@ def _readout(module: nn.Module, blocks: list[str]) -> str | None:
     return readout
 
 
-def tag_structure(module: nn.Module) -> dict[int, TagRecord]:
-    """Tag every parameter of ``module`` in place from the layer that owns it
-    (or generically); returns the record of each, by ``id`` of the parameter."""
+def _structure(module: nn.Module) -> tuple[dict[str, int], str | None, set[int]]:
+    """What tagging reads of ``module``'s structure: the depth of each
+    parameter name inside repeated blocks, the readout's path, and the ids of
+    embedding tables."""
     blocks = _blocks(module)
-    depth = depths(module, blocks)
     readout = _readout(module, [path for path, _ in blocks])
     embeddings = {
         id(sub.weight)
         for sub in module.modules()
         if isinstance(sub, (nn.Embedding, nn.EmbeddingBag))
     }
+    return depths(module, blocks), readout, embeddings
+
+
+def tag_structure(module: nn.Module) -> dict[int, TagRecord]:
+    """Tag every parameter of ``module`` in place from the layer that owns it
+    (or generically); returns the record of each, by ``id`` of the parameter."""
+    depth, readout, embeddings = _structure(module)
     records: dict[int, TagRecord] = {}
     for path, sub in module.named_modules():
         for attr, param in sub.named_parameters(prefix="", recurse=False):
@@ -198,6 +205,26 @@ def tag_structure(module: nn.Module) -> dict[int, TagRecord]:
             records[id(param)] = _tag_one(
                 param, name, sub, attr, depth.get(name), path == readout, embeddings
             )
+    return records
+
+
+def tag_added(
+    module: nn.Module, params: list[tuple[str, Tensor]]
+) -> dict[str, TagRecord]:
+    """Tag ``params``, which joined ``module`` after ``unit_scale`` tagged it
+    (an adapter's weights), in place as :func:`tag_structure` would have had
+    they been there (a parameter that carries tags keeps them); a generic one
+    is retagged from its use in the graph. Returns the record of each, by
+    name."""
+    depth, readout, embeddings = _structure(module)
+    records = {}
+    for name, param in params:
+        path, _, attr = name.rpartition(".")
+        owner = module.get_submodule(path)
+        is_readout = path == readout and attr == "weight"
+        records[name] = _tag_one(
+            param, name, owner, attr, depth.get(name), is_readout, embeddings
+        )
     return records
 
 
