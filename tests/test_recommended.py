@@ -41,6 +41,8 @@ PAGES = [
     "docs/distributed.md",
     "docs/from-unit-scaling.md",
     "examples/train_ddp.py",
+    "examples/train_hf_trainer.py",
+    "docs/training-loops.md",
     "src/unit_scaling/app/demo.py",
     "src/unit_scaling/optim.py",
     "src/unit_scaling/__init__.py",
@@ -259,6 +261,8 @@ class Checker:
                 self._check_lr(node, exempt, where)
             elif func.split(".")[-1] == "TransformerDecoder":
                 self._check_multipliers(node, exempt, where)
+            elif func.split(".")[-1] == "TrainingArguments":
+                self._check_learning_rate(node, exempt, where)
 
     def _assign(self, node: ast.Assign) -> None:
         kind = next(
@@ -343,6 +347,23 @@ class Checker:
                 + (f" (the model comes from {origin})" if origin else "")
             )
 
+    def _check_learning_rate(
+        self, call: ast.Call, exempt: set[str], where: str
+    ) -> None:
+        """A Trainer's ``learning_rate``: none is fine (the integration starts
+        a u-μP model from RECOMMENDED), a given one must read it."""
+        lr = next((k.value for k in call.keywords if k.arg == "learning_rate"), None)
+        if lr is None:
+            return
+        recommended = {RECOMMENDED.lr, RECOMMENDED.unit_scale_lr}
+        if self._literal(lr, recommended, where) or "lr" in exempt:
+            return
+        if not _recommended_attrs(lr, self.scope) & {"lr", "unit_scale_lr"}:
+            self.problems.append(
+                f"{where}: learning_rate is not read from RECOMMENDED (leave it "
+                "out, read RECOMMENDED.lr/unit_scale_lr, or exempt it)"
+            )
+
     def _check_multipliers(self, call: ast.Call, exempt: set[str], where: str) -> None:
         given = {k.arg: k.value for k in call.keywords}
         for name, value in (
@@ -419,6 +440,11 @@ def _check(code: str, bare: bool = False) -> list[str]:
         (
             "opt = uu.optim.Adam(model.parameters())",
             "no lr",
+        ),
+        # a Trainer's learning rate given as a literal
+        (
+            "args = TrainingArguments('out', learning_rate=3e-4)",
+            "learning_rate is not read",
         ),
         # the positional lr
         (

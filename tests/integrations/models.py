@@ -1,15 +1,18 @@
-"""Small Hugging Face models, data and gradient probes for the integration tests."""
+"""Small Hugging Face models, data and gradient probes for the integration tests
+(and ``experiments/training_loops.py``, which reports what they bound)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 from torch import Tensor, nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
+import unit_scaling as uu
 from unit_scaling.transforms import unit_scale
 
 transformers = pytest.importorskip("transformers")
@@ -163,3 +166,77 @@ def arguments(directory: Any, **overrides: Any) -> Any:
     }
     settings.update(overrides)
     return transformers.TrainingArguments(str(directory), **settings)
+
+
+# --- Accelerate ------------------------------------------------------------- #
+
+ROWS = 16
+
+
+def accelerate_step(
+    accelerator: Any, model: nn.Module, rows: Tensor, micro: int, recipe: str
+) -> dict[str, Tensor]:
+    """One optimizer step of an Accelerate loop over ``rows`` in micro-batches
+    of ``micro`` rows (shared out among the processes); returns the gradients
+    at the step. ``recipe``: "mean"
+    (each micro-batch's mean loss to ``backward``, Accelerate's recipe) or
+    "count" (Hugging Face's: the loss over the step's count, times the steps
+    and processes)."""
+    optimizer = uu.optim.AdamW(model.parameters(), lr=0.5)
+    loader = DataLoader(rows, batch_size=micro)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    steps = accelerator.gradient_accumulation_steps
+    count = torch.tensor(float(rows[:, 1:].numel()))  # every process's, every step's
+    seen: dict[str, Tensor] = {}
+    for batch in loader:
+        with accelerator.accumulate(model):
+            if recipe == "mean":
+                loss = model(input_ids=batch, labels=batch).loss
+            else:
+                out = model(input_ids=batch, labels=batch, num_items_in_batch=count)
+                loss = out.loss * steps * accelerator.num_processes
+            accelerator.backward(loss)
+            if accelerator.sync_gradients:
+                seen = grads(accelerator.unwrap_model(model))
+            optimizer.step()
+            optimizer.zero_grad()
+    return seen
+
+
+def global_rows(seed: int = 0) -> Tensor:
+    """``ROWS`` rows of tokens: the global batch of the Accelerate checks."""
+    return Tokens(ROWS, seed).ids
+
+
+def two_process_step(rank: int, world_size: int, recipe: str, k: int) -> dict[str, Any]:
+    """One process's step over :func:`global_rows` through our ``Accelerator`` (run by
+    ``tests.parallel._launch.run_distributed``): its gradients after the
+    reduction."""
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="0",
+        OMP_NUM_THREADS="1",
+    )
+    from unit_scaling.integrations.accelerate import Accelerator
+
+    model = scaled("llama")
+    data = global_rows()
+    model(input_ids=data[:2], labels=data[:2])  # calibrate as the single process
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=k)
+    assert accelerator.num_processes == world_size
+    # (Accelerate's data loader gives each process every other micro-batch)
+    step = accelerate_step(accelerator, model, data, ROWS // world_size // k, recipe)
+    return {name: g.detach() for name, g in step.items()}
+
+
+def single_process_whole_batch() -> dict[str, Tensor]:
+    """One process's gradients of one call on :func:`global_rows`, calibrated as
+    :func:`two_process_step` calibrates."""
+    model = scaled("llama")
+    data = global_rows()
+    model(input_ids=data[:2], labels=data[:2])
+    return whole_batch_grads(model, [data])

@@ -9,16 +9,18 @@ from typing import Any
 
 import pytest
 import torch
-from torch import Tensor, nn
-from torch.utils.data import DataLoader
+from torch import nn
 
 import unit_scaling as uu
 import unit_scaling.functional as U
 from tests.integrations.models import (
-    LENGTH,
-    Tokens,
+    ROWS,
+    accelerate_step,
+    global_rows,
     grads,
     scaled,
+    single_process_whole_batch,
+    two_process_step,
     whole_batch_grads,
     worst_error,
 )
@@ -29,10 +31,6 @@ from unit_scaling.integrations.accelerate import (  # noqa: E402
     Accelerator,
     carries_step_share,
 )
-
-pytestmark = pytest.mark.integration
-
-ROWS = 16
 
 
 @pytest.fixture(autouse=True)
@@ -47,48 +45,14 @@ def _fresh_accelerate_state() -> Iterator[None]:
     GradientState._reset_state()
 
 
-def _loop(
-    accelerator: Any, model: nn.Module, rows: Tensor, micro: int, recipe: str
-) -> dict[str, Tensor]:
-    """One optimizer step of an Accelerate loop over ``rows`` in micro-batches
-    of ``micro`` rows (shared out among the processes); returns the gradients
-    at the step. ``recipe``: "mean"
-    (each micro-batch's mean loss to ``backward``, Accelerate's recipe) or
-    "count" (Hugging Face's: the loss over the step's count, times the steps
-    and processes)."""
-    optimizer = uu.optim.AdamW(model.parameters(), lr=0.5)
-    loader = DataLoader(rows, batch_size=micro)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    steps = accelerator.gradient_accumulation_steps
-    count = torch.tensor(float(rows[:, 1:].numel()))  # every process's, every step's
-    seen: dict[str, Tensor] = {}
-    for batch in loader:
-        with accelerator.accumulate(model):
-            if recipe == "mean":
-                loss = model(input_ids=batch, labels=batch).loss
-            else:
-                out = model(input_ids=batch, labels=batch, num_items_in_batch=count)
-                loss = out.loss * steps * accelerator.num_processes
-            accelerator.backward(loss)
-            if accelerator.sync_gradients:
-                seen = grads(accelerator.unwrap_model(model))
-            optimizer.step()
-            optimizer.zero_grad()
-    return seen
-
-
-def _rows(seed: int = 0) -> Tensor:
-    return Tokens(ROWS, seed).ids
-
-
 @pytest.mark.parametrize("recipe", ["mean", "count"])
 @pytest.mark.parametrize("k", [2, 4])
 def test_an_accelerate_loop_accumulates_to_the_whole_batch(k: int, recipe: str) -> None:
     model = scaled("llama")
-    rows = _rows()
+    rows = global_rows()
     model(input_ids=rows[:2], labels=rows[:2])  # calibrate once
     whole = whole_batch_grads(model, [rows[: ROWS // 2]])
-    step = _loop(
+    step = accelerate_step(
         Accelerator(cpu=True, gradient_accumulation_steps=k),
         model,
         rows[: ROWS // 2],
@@ -101,9 +65,9 @@ def test_an_accelerate_loop_accumulates_to_the_whole_batch(k: int, recipe: str) 
 
 def test_the_stock_accelerator_leaves_a_mean_loop_k_to_the_minus_half_off() -> None:
     model = scaled("llama")
-    rows = _rows()[:8]
+    rows = global_rows()[:8]
     whole = whole_batch_grads(model, [rows])
-    step = _loop(
+    step = accelerate_step(
         accelerate.Accelerator(cpu=True, gradient_accumulation_steps=4),
         model,
         rows,
@@ -118,9 +82,9 @@ def test_the_stock_accelerator_follows_the_rule_with_hugging_faces_count_recipe(
     None
 ):
     model = scaled("gpt2")
-    rows = _rows()[:8]
+    rows = global_rows()[:8]
     whole = whole_batch_grads(model, [rows])
-    step = _loop(
+    step = accelerate_step(
         accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2),
         model,
         rows,
@@ -165,46 +129,16 @@ def test_clip_grad_rms_bounds_the_rms() -> None:
 # --- two processes ------------------------------------------------------------ #
 
 
-def _two_process_step(
-    rank: int, world_size: int, recipe: str, k: int
-) -> dict[str, Any]:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT="0",
-        OMP_NUM_THREADS="1",
-    )
-    model = scaled("llama")
-    rows = _rows()
-    model(input_ids=rows[:2], labels=rows[:2])  # calibrate as the single process
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=k)
-    assert accelerator.num_processes == world_size
-    # (Accelerate's data loader gives each process every other micro-batch)
-    step = _loop(accelerator, model, rows, ROWS // world_size // k, recipe)
-    return {name: g.detach() for name, g in step.items()}
-
-
-def _single_process_whole_batch() -> dict[str, Tensor]:
-    model = scaled("llama")
-    rows = _rows()
-    model(input_ids=rows[:2], labels=rows[:2])
-    return whole_batch_grads(model, [rows])
-
-
 @pytest.mark.distributed
 @pytest.mark.parametrize("recipe", ["mean", "count"])
 def test_two_processes_compute_one_process_gradients_on_the_global_batch(
     recipe: str,
 ) -> None:
-    whole = _single_process_whole_batch()
-    ranks = run_distributed(_two_process_step, recipe, 2)
+    whole = single_process_whole_batch()
+    ranks = run_distributed(two_process_step, recipe, 2)
     for step in ranks:
         error, where = worst_error(step, whole)
         assert error <= 1e-5, (where, error)
-    assert LENGTH == 32
 
 
 def _fsdp2_step(rank: int, world_size: int) -> dict[str, Any]:
@@ -238,7 +172,7 @@ def _fsdp2_step(rank: int, world_size: int) -> dict[str, Any]:
     optimizer = uu.optim.AdamW(model.parameters(), lr=0.5)
     lrs = sorted(g["lr"] for g in optimizer.param_groups)
     model, optimizer = accelerator.prepare(model, optimizer)
-    rows = _rows()[:, :17]
+    rows = global_rows()[:, :17]
     local = rows[rank * ROWS // world_size : (rank + 1) * ROWS // world_size]
     accelerator.backward(accelerator.unwrap_model(model).loss(local))
     return {
@@ -261,7 +195,7 @@ def _decoder() -> nn.Module:
 @pytest.mark.distributed
 def test_fsdp2_through_accelerates_plugin_keeps_tags_and_the_rule() -> None:
     model = _decoder()
-    model.loss(_rows()[:, :17]).backward()
+    model.loss(global_rows()[:, :17]).backward()
     whole = grads(model)
     tags = {n: p.mup_type for n, p in model.named_parameters()}  # type: ignore[attr-defined]
     for rank in run_distributed(_fsdp2_step):

@@ -32,8 +32,6 @@ from unit_scaling.integrations.hf import (
 from unit_scaling.parameter import is_unit_scaled
 from unit_scaling.transforms import simulate_fp8
 
-pytestmark = pytest.mark.integration
-
 Trainer = transformers.Trainer
 
 
@@ -338,3 +336,26 @@ def test_the_plain_baseline_is_not_for_the_integration(tmp_path: Path) -> None:
     lm = CausalLM(StandardTransformerDecoder(64, 256, layers=2, heads=4))
     with pytest.raises(ValueError, match="no u-μP tags"):
         UnitScalingTrainer(model=lm, args=arguments(tmp_path))
+
+
+def test_a_lora_adapter_after_unit_scale_trains_in_the_integration(
+    tmp_path: Path,
+) -> None:
+    peft = pytest.importorskip("peft")
+    model = scaled("llama")
+    ids = Tokens(8).ids
+    before = model(input_ids=ids).logits
+    lora = peft.get_peft_model(
+        model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    )
+    assert torch.equal(lora(input_ids=ids).logits, before)
+    args = arguments(tmp_path, max_steps=4, learning_rate=2**-4)
+    rows = Tokens(8)  # one batch, seen at every step
+    trainer = UnitScalingTrainer(
+        model=lora, args=args, train_dataset=rows, eval_dataset=rows
+    )
+    start = trainer.evaluate()["eval_loss"]
+    trainer.train()
+    assert trainer.evaluate()["eval_loss"] < start
+    trained = [n for n, p in lora.named_parameters() if p.requires_grad]
+    assert trained and all("lora_" in n for n in trained)

@@ -27,9 +27,15 @@ LABELS = BATCH * (LENGTH - 1)  # causal LM losses shift: one label fewer per row
 
 def _gpt2() -> nn.Module:
     config = transformers.GPT2Config(
-        n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-    )  # fmt: skip
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=VOCAB,
+        n_positions=64,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     model = transformers.GPT2LMHeadModel(config)
     model.loss_type = "ForCausalLM"
     return model
@@ -37,10 +43,14 @@ def _gpt2() -> nn.Module:
 
 def _llama() -> nn.Module:
     config = transformers.LlamaConfig(
-        num_hidden_layers=2, hidden_size=64, intermediate_size=128,
-        num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
         max_position_embeddings=64,
-    )  # fmt: skip
+    )
     model = transformers.LlamaForCausalLM(config)
     model.loss_type = "ForCausalLM"
     return model

@@ -237,7 +237,7 @@ class Accelerator(accelerate.Accelerator):  # type: ignore[misc]
         params = [p for p in parameters if p.grad is not None]
         size = sum(p.numel() for p in params)
         if not size:
-            return torch.tensor(0.0)
+            return torch.zeros((), device=self.device)
         norm = super().clip_grad_norm_(params, max_rms * math.sqrt(size))
         return norm / math.sqrt(size)  # type: ignore[no-any-return]
 

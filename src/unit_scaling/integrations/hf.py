@@ -81,6 +81,7 @@ from ..recommended import RECOMMENDED
 from ..transforms import (
     checkpoint_record,
     load_checkpoint_record,
+    tag_added_parameters,
     unit_scale_report,
 )
 from .accelerate import Accelerator
@@ -150,6 +151,9 @@ class UnitScalingMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         model = _base_model(self.model)
+        if _made_by_unit_scale(model):
+            # an adapter attached after unit_scale: tagged before its first call
+            tag_added_parameters(model)
         if not is_unit_scaled(model):
             raise ValueError(
                 f"{type(self).__name__} trains unit-scaled models, and "
@@ -215,6 +219,8 @@ class UnitScalingMixin:
 
     def _unit_scaled_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         args = self.args
+        if _made_by_unit_scale(model):
+            tag_added_parameters(_base_model(model))
         name = str(getattr(args.optim, "value", args.optim))
         lr = self._learning_rate(model)
         decay = set(self.get_decay_parameter_names(model))  # type: ignore[attr-defined]
