@@ -35,7 +35,7 @@ SECTIONS = {
     # Casts, transposes and copies per FP8 linear per step: counts, no timing.
     "float8_ops": lambda quick: float8_ops.run(),
     # Hugging Face Trainer: UnitScalingTrainer's step against a stock Trainer's.
-    "trainer_step": lambda quick: trainer_step.run(rounds=3 if quick else 10),
+    "trainer_step": lambda quick: trainer_step.run(rounds=3 if quick else 20),
 }
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from ._measure import paired_ratio, table
 
 HIDDEN, VOCAB, LAYERS, HEADS = 256, 256, 4, 4
 BATCH, SEQ = 8, 128
-STEPS_PER_ROUND = 4
+STEPS_PER_ROUND = 8
 
 
 class _Tokens(Dataset[dict[str, Tensor]]):
@@ -142,7 +142,7 @@ def measure(rounds: int) -> dict[str, list[float]]:
     return times
 
 
-def run(rounds: int = 10) -> str:
+def run(rounds: int = 20) -> str:
     """The section's table (``python -m benchmarks trainer_step``)."""
     try:
         import transformers  # noqa: F401
@@ -183,5 +183,5 @@ def run(rounds: int = 10) -> str:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=20)
     print(run(parser.parse_args().rounds))
