@@ -1,7 +1,7 @@
 """A unit-scaled Llama-style model trained by Hugging Face ``Trainer``, in
 simulated FP8 and in FP32, on the built-in byte corpus.
 
-    python examples/train_hf_trainer.py            # ~2 min on 2 CPU cores
+    python examples/train_hf_trainer.py            # about 35 s on 2 CPU cores
     python examples/train_hf_trainer.py --steps 20
 
 The model is ``LlamaForCausalLM`` from a small config with random weights, made

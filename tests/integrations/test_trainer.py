@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -359,3 +361,16 @@ def test_a_lora_adapter_after_unit_scale_trains_in_the_integration(
     assert trainer.evaluate()["eval_loss"] < start
     trained = [n for n, p in lora.named_parameters() if p.requires_grad]
     assert trained and all("lora_" in n for n in trained)
+
+
+def test_the_example_trains_in_fp8_and_fp32() -> None:
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, str(root / "examples" / "train_hf_trainer.py")]
+    command += ["--steps", "4", "--width", "64", "--batch-size", "4"]
+    done = subprocess.run(
+        command, cwd=root, capture_output=True, text=True, check=True, timeout=600
+    )
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("u-μP FP32: validation loss") for line in lines)
+    assert any(line.startswith("u-μP simulated FP8: validation loss") for line in lines)
+    assert lines[-1].startswith("FP8 - FP32: ")
