@@ -113,3 +113,42 @@ def compiled_grad(function: Any, graphs: list[GraphModule] | None = None) -> Ten
     torch._dynamo.reset()
     assert x.grad is not None
     return x.grad
+
+
+def tiny_gpt2(width: int = 64, layers: int = 2, vocab: int = 256) -> nn.Module:
+    """A Hugging Face GPT-2 of ``layers`` blocks at ``width``, dropout off, its
+    loss type set (else ``transformers`` logs in forward: a graph break)."""
+    import transformers
+
+    config = transformers.GPT2Config(
+        n_layer=layers,
+        n_embd=width,
+        n_head=4,
+        vocab_size=vocab,
+        n_positions=64,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    model = transformers.GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"
+    return model
+
+
+def tiny_llama(width: int = 64, layers: int = 2, vocab: int = 256) -> nn.Module:
+    """A Hugging Face Llama of ``layers`` blocks at ``width`` (grouped-query
+    attention, 4 heads, 2 key/value heads), its loss type set."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        num_hidden_layers=layers,
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab,
+        max_position_embeddings=64,
+    )
+    model = transformers.LlamaForCausalLM(config)
+    model.loss_type = "ForCausalLM"
+    return model

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 import unit_scaling as uu
+from tests.helpers import tiny_gpt2, tiny_llama
 from unit_scaling.transforms import unit_scale
 
 transformers = pytest.importorskip("transformers")
@@ -20,38 +21,7 @@ transformers = pytest.importorskip("transformers")
 VOCAB, LENGTH = 256, 32
 
 
-def gpt2(width: int = 64, layers: int = 2) -> nn.Module:
-    config = transformers.GPT2Config(
-        n_layer=layers,
-        n_embd=width,
-        n_head=4,
-        vocab_size=VOCAB,
-        n_positions=64,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    model = transformers.GPT2LMHeadModel(config)
-    model.loss_type = "ForCausalLM"
-    return model
-
-
-def llama(width: int = 64, layers: int = 2) -> nn.Module:
-    config = transformers.LlamaConfig(
-        num_hidden_layers=layers,
-        hidden_size=width,
-        intermediate_size=2 * width,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-    )
-    model = transformers.LlamaForCausalLM(config)
-    model.loss_type = "ForCausalLM"
-    return model
-
-
-MODELS: dict[str, Callable[[], nn.Module]] = {"gpt2": gpt2, "llama": llama}
+MODELS: dict[str, Callable[[], nn.Module]] = {"gpt2": tiny_gpt2, "llama": tiny_llama}
 
 
 def scaled(name: str, seed: int = 0) -> nn.Module:
@@ -208,10 +178,9 @@ def global_rows(seed: int = 0) -> Tensor:
     return Tokens(ROWS, seed).ids
 
 
-def two_process_step(rank: int, world_size: int, recipe: str, k: int) -> dict[str, Any]:
-    """One process's step over :func:`global_rows` through our ``Accelerator`` (run by
-    ``tests.parallel._launch.run_distributed``): its gradients after the
-    reduction."""
+def accelerate_environment(rank: int, world_size: int) -> None:
+    """What Accelerate reads to join a process group that is already up (the
+    launcher of ``tests.parallel._launch`` starts one on loopback)."""
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
@@ -221,6 +190,13 @@ def two_process_step(rank: int, world_size: int, recipe: str, k: int) -> dict[st
         MASTER_PORT="0",
         OMP_NUM_THREADS="1",
     )
+
+
+def two_process_step(rank: int, world_size: int, recipe: str, k: int) -> dict[str, Any]:
+    """One process's step over :func:`global_rows` through our ``Accelerator`` (run by
+    ``tests.parallel._launch.run_distributed``): its gradients after the
+    reduction."""
+    accelerate_environment(rank, world_size)
     from unit_scaling.integrations.accelerate import Accelerator
 
     model = scaled("llama")

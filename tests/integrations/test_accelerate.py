@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +14,7 @@ import unit_scaling as uu
 import unit_scaling.functional as U
 from tests.integrations.models import (
     ROWS,
+    accelerate_environment,
     accelerate_step,
     global_rows,
     grads,
@@ -149,15 +149,7 @@ def _fsdp2_step(rank: int, world_size: int) -> dict[str, Any]:
     state to FSDP after construction: ``prepare`` then runs Accelerate's own
     FSDP2 preparation (``fsdp2_prepare_model``: torch's ``fully_shard`` per
     ``TransformerLayer`` and on the root), on gloo."""
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT="0",
-        OMP_NUM_THREADS="1",
-    )
+    accelerate_environment(rank, world_size)
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin(

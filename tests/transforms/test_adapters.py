@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import unit_scaling as uu
+from tests.helpers import tiny_gpt2, tiny_llama
 from unit_scaling.transforms import unit_scale
 
 peft = pytest.importorskip("peft")
@@ -30,26 +31,12 @@ ADDED = "kept: added after unit_scale"
 
 def _llama() -> nn.Module:
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=64,
-    )
-    model = transformers.LlamaForCausalLM(config)
-    model.loss_type = "ForCausalLM"
-    return model.eval()
+    return tiny_llama().eval()
 
 
 def _gpt2() -> nn.Module:
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256)
-    model = transformers.GPT2LMHeadModel(config)
-    model.loss_type = "ForCausalLM"
-    return model.eval()
+    return tiny_gpt2().eval()
 
 
 MODELS = {"llama": (_llama, ["q_proj", "v_proj"]), "gpt2": (_gpt2, ["c_attn"])}

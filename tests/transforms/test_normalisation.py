@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tests.helpers import tiny_gpt2, tiny_llama
 from unit_scaling.transforms import unit_scale
 
 transformers = pytest.importorskip("transformers")
@@ -25,38 +26,7 @@ VOCAB, BATCH, LENGTH = 256, 8, 32
 LABELS = BATCH * (LENGTH - 1)  # causal LM losses shift: one label fewer per row
 
 
-def _gpt2() -> nn.Module:
-    config = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=64,
-        n_head=4,
-        vocab_size=VOCAB,
-        n_positions=64,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    model = transformers.GPT2LMHeadModel(config)
-    model.loss_type = "ForCausalLM"
-    return model
-
-
-def _llama() -> nn.Module:
-    config = transformers.LlamaConfig(
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-    )
-    model = transformers.LlamaForCausalLM(config)
-    model.loss_type = "ForCausalLM"
-    return model
-
-
-MODELS = {"gpt2": _gpt2, "llama": _llama}
+MODELS = {"gpt2": tiny_gpt2, "llama": tiny_llama}
 COUNTS: dict[str, Callable[[int], Any]] = {
     "float-tensor": lambda n: torch.tensor(float(n)),
     "int-tensor": lambda n: torch.tensor(n),
