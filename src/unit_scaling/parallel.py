@@ -26,6 +26,10 @@ holds for models unit-scaled end to end, loss included (every ``unit_scaling``
 module and :func:`unit_scaling.functional.cross_entropy`); a parameter of a plain
 torch layer whose gradient is a plain sum would want the plain sum instead.
 
+**Calibration.** A :func:`~unit_scaling.transforms.unit_scale` output measures
+its scales at its first call, from that call's batch: :func:`calibrate` (or
+:func:`calibrate_at_first_call`) makes that call the same on every process.
+
 Example (in a process group: ``torchrun``, or ``dist.init_process_group``)::
 
     >>> import unit_scaling.parallel
@@ -43,6 +47,7 @@ Example (in a process group: ``torchrun``, or ``dist.init_process_group``)::
 # No `from __future__ import annotations`: DDP checks a hook's annotations against
 # the real classes when it is registered.
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -52,11 +57,18 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp import fully_shard as _torch_fully_shard
 
-from ._torch_internals import GradBucket
+from ._torch_internals import GradBucket, pytree
 from .optim import mup_tags
 from .parameter import retag
 
-__all__ = ["Reduction", "allreduce_hook", "fully_shard", "reduction_hook"]
+__all__ = [
+    "Reduction",
+    "allreduce_hook",
+    "calibrate",
+    "calibrate_at_first_call",
+    "fully_shard",
+    "reduction_hook",
+]
 
 
 def _data_parallel_size(mesh: DeviceMesh | None, dp_mesh_dims: Any) -> int:
@@ -146,6 +158,80 @@ def allreduce_hook(
         >>> ddp.register_comm_hook(None, allreduce_hook)
     """
     return reduction_hook(Reduction(process_group=process_group), bucket)
+
+
+def calibrate(module: nn.Module, *args: Any, **kwargs: Any) -> None:
+    """Call ``module`` once, without gradients, on process 0's ``args`` and
+    ``kwargs``, on every process of the default group (in one process, or
+    outside a group: on its own ``args`` and ``kwargs``). Every process must
+    call it together.
+
+    A :func:`~unit_scaling.transforms.unit_scale` output measures its
+    calibrated scales at its first call, from that call's inputs (token ids,
+    labels and masks enter the measurement as they are): processes whose first
+    calls see different batches compute different functions (scales apart by
+    up to 25% on a small GPT-2), and their gradients do not add up to one
+    process's. Make this the first call on every process; later calls reuse
+    its measurements. Tensors travel through the CPU and arrive on
+    ``module``'s device. :func:`calibrate_at_first_call` does it for you.
+
+    Example::
+
+        >>> from unit_scaling.transforms import unit_scale
+        >>> model = unit_scale(nn.Sequential(nn.Linear(16, 16), nn.GELU()))
+        >>> calibrate(model, torch.randn(4, 16))
+    """
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        cpu = pytree.tree_map_only(Tensor, lambda t: t.detach().cpu(), (args, kwargs))
+        payload = [cpu]
+        dist.broadcast_object_list(payload, src=0)
+        device = next((p.device for p in module.parameters()), torch.device("cpu"))
+        args, kwargs = pytree.tree_map_only(Tensor, lambda t: t.to(device), payload[0])
+    with torch.no_grad():
+        module(*args, **kwargs)
+
+
+# The modules whose next call calibrates (one hook each, however often asked).
+_CALIBRATING: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+
+
+def calibrate_at_first_call(module: nn.Module) -> None:
+    """Make ``module``'s next call start with :func:`calibrate` on that call's
+    inputs (process 0's, on every process), once.
+
+    For a :func:`~unit_scaling.transforms.unit_scale` output trained on several
+    processes, before DDP or FSDP2 wraps it or after (it hooks the module
+    itself). Its next call must then happen on every process together, as a
+    training step's forward does: a first call on process 0 alone (a sample
+    generated before training) would wait for the others.
+    :class:`unit_scaling.integrations.accelerate.Accelerator` and
+    :class:`~unit_scaling.integrations.hf.UnitScalingTrainer` call it for a
+    ``unit_scale`` output they prepare for several processes.
+
+    Example::
+
+        >>> from unit_scaling.transforms import unit_scale
+        >>> model = unit_scale(nn.Sequential(nn.Linear(16, 16), nn.GELU()))
+        >>> calibrate_at_first_call(model)
+        >>> model(torch.randn(4, 16)).shape
+        torch.Size([4, 16])
+    """
+
+    if module in _CALIBRATING:
+        return
+    _CALIBRATING.add(module)
+
+    def first_call(
+        module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        handle.remove()
+        _CALIBRATING.discard(module)
+        calibrate(module, *args, **kwargs)
+
+    # (before any other pre-hook: FSDP2's gathers its parameters for each call)
+    handle = module.register_forward_pre_hook(
+        first_call, with_kwargs=True, prepend=True
+    )
 
 
 class Reduction:

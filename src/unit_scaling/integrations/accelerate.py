@@ -14,6 +14,10 @@ applies the library's rule (:mod:`unit_scaling.functional.steps`) instead:
   (``sum / √W``) and an FSDP2 model (``FullyShardedDataParallelPlugin(
   fsdp_version=2)``) the same divide factor, and puts the u-μP tags back on the
   parameters FSDP2 replaced (as :func:`unit_scaling.parallel.fully_shard` does);
+  a :func:`~unit_scaling.transforms.unit_scale` output prepared for several
+  processes calibrates at its first call on process 0's inputs
+  (:func:`unit_scaling.parallel.calibrate_at_first_call`), so that every
+  process measures the same scales: make that first call on every process;
 * :meth:`Accelerator.clip_grad_rms_` bounds the gradient's RMS, the measure a
   unit-scaled gradient is at 1 in (its norm is about ``√(parameters)``).
 
@@ -49,8 +53,9 @@ from torch import Tensor, nn
 
 from .. import functional as U
 from ..optim import mup_tags
-from ..parallel import Reduction, reduction_hook
+from ..parallel import Reduction, calibrate_at_first_call, reduction_hook
 from ..parameter import is_unit_scaled, retag
+from ._models import made_by_unit_scale
 
 try:
     import accelerate  # type: ignore[import-untyped]
@@ -180,10 +185,12 @@ class Accelerator(accelerate.Accelerator):  # type: ignore[misc]
         from torch.distributed.fsdp import FSDPModule
         from torch.nn.parallel import DistributedDataParallel
 
+        inner = self.unwrap_model(model)
+        if self.num_processes > 1 and made_by_unit_scale(inner):
+            calibrate_at_first_call(inner)
         if isinstance(model, DistributedDataParallel):
             model.register_comm_hook(self.reduction, reduction_hook)
             return
-        inner = self.unwrap_model(model)
         sharded = [m for m in inner.modules() if isinstance(m, FSDPModule)]
         if not sharded:
             return

@@ -37,7 +37,11 @@ and construct it where ``Trainer`` was):
   ``sum / √W`` when each process's loss counts its own tokens, and with the
   mean when ``Trainer``'s count already covers every process
   (``average_tokens_across_devices``, the default: ``Trainer`` multiplies each
-  loss by ``W`` to undo the mean); FSDP2 keeps the u-μP tags.
+  loss by ``W`` to undo the mean); FSDP2 keeps the u-μP tags. The model's
+  first call (a training step's, or an evaluation's) starts with a call on
+  process 0's inputs on every process
+  (:func:`unit_scaling.parallel.calibrate_at_first_call`), so that what
+  ``unit_scale`` measures at its first call is the same everywhere.
 * **Checks.** A model that is not unit-scaled, DeepSpeed, an optimizer that is
   not a :mod:`unit_scaling.optim` one, or ``optim`` names with no u-μP rule are
   errors; a loss computed outside the model (``compute_loss_func``, label
@@ -76,14 +80,15 @@ from torch import Tensor, nn
 from .. import functional as U
 from .. import optim as uu_optim
 from ..optim import mup_tags
+from ..parallel import calibrate_at_first_call
 from ..parameter import is_unit_scaled
 from ..recommended import RECOMMENDED
 from ..transforms import (
     checkpoint_record,
     load_checkpoint_record,
     tag_added_parameters,
-    unit_scale_report,
 )
+from ._models import base_model, made_by_unit_scale
 from .accelerate import Accelerator
 
 try:
@@ -111,21 +116,6 @@ TRAINER_DEFAULT_LR: float = transformers.TrainingArguments.__dataclass_fields__[
 _UNIT_SCALED_OPTIMIZERS = (uu_optim.AdamW, uu_optim.Adam, uu_optim.SGD)
 
 
-def _base_model(model: nn.Module) -> nn.Module:
-    """The model under a PEFT wrapper, if any (``PeftModel.get_base_model``)."""
-    base = getattr(model, "get_base_model", None)
-    inner = base() if callable(base) else model
-    return inner if isinstance(inner, nn.Module) else model
-
-
-def _made_by_unit_scale(model: nn.Module) -> bool:
-    try:
-        unit_scale_report(_base_model(model))
-    except TypeError:  # (not a unit_scale output)
-        return False
-    return True
-
-
 class UnitScalingMixin:
     """What :class:`UnitScalingTrainer` adds to ``transformers.Trainer``, for any
     ``Trainer`` subclass: put it first, ``class T(UnitScalingMixin, Trainer)``.
@@ -150,10 +140,12 @@ class UnitScalingMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        model = _base_model(self.model)
-        if _made_by_unit_scale(model):
+        model = base_model(self.model)
+        if made_by_unit_scale(model):
             # an adapter attached after unit_scale: tagged before its first call
             tag_added_parameters(model)
+            if self.args.world_size > 1:
+                calibrate_at_first_call(self.model)
         if not is_unit_scaled(model):
             raise ValueError(
                 f"{type(self).__name__} trains unit-scaled models, and "
@@ -219,8 +211,8 @@ class UnitScalingMixin:
 
     def _unit_scaled_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         args = self.args
-        if _made_by_unit_scale(model):
-            tag_added_parameters(_base_model(model))
+        if made_by_unit_scale(model):
+            tag_added_parameters(base_model(model))
         name = str(getattr(args.optim, "value", args.optim))
         lr = self._learning_rate(model)
         decay = set(self.get_decay_parameter_names(model))  # type: ignore[attr-defined]
@@ -256,7 +248,7 @@ class UnitScalingMixin:
         if lr != TRAINER_DEFAULT_LR:
             return lr
         recommended = (
-            RECOMMENDED.unit_scale_lr if _made_by_unit_scale(model) else RECOMMENDED.lr
+            RECOMMENDED.unit_scale_lr if made_by_unit_scale(model) else RECOMMENDED.lr
         )
         warnings.warn(
             f"{type(self).__name__}: learning_rate is Trainer's default, {lr:g}, a "
@@ -338,8 +330,8 @@ class UnitScalingMixin:
         ``unit_scale`` measured, which a resumed run must reuse rather than
         measure again on the trained weights."""
         super()._save(output_dir, state_dict)  # type: ignore[misc]
-        model = _base_model(self.accelerator.unwrap_model(self.model))
-        if _made_by_unit_scale(model):
+        model = base_model(self.accelerator.unwrap_model(self.model))
+        if made_by_unit_scale(model):
             path = Path(output_dir or self.args.output_dir, RECORD_FILE)
             path.write_text(json.dumps(checkpoint_record(model)))
 
@@ -351,8 +343,8 @@ class UnitScalingMixin:
         training follows the uninterrupted run."""
         super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]
         path = Path(resume_from_checkpoint, RECORD_FILE)
-        target = _base_model(self.accelerator.unwrap_model(model or self.model))
-        if path.is_file() and _made_by_unit_scale(target):
+        target = base_model(self.accelerator.unwrap_model(model or self.model))
+        if path.is_file() and made_by_unit_scale(target):
             load_checkpoint_record(target, json.loads(path.read_text()))
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
