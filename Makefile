@@ -22,8 +22,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -n 2 --timeout 900 -q
 
-# Whole Hugging Face Trainer / Accelerate runs (tests marked `integration`):
-# minutes of training steps, so CI runs them after the default suite.
+# End-to-end checks marked `integration` (whole Trainer / Accelerate runs, the
+# batch law over the zoo; see tests/conftest.py): minutes, so CI runs them
+# after the default suite.
 test-integration: $(STAMP)
 	$(PY) -m pytest -n 2 --timeout 900 -q -m integration
 

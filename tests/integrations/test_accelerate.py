@@ -25,12 +25,22 @@ from tests.integrations.models import (
     worst_error,
 )
 from tests.parallel._launch import run_distributed
+from unit_scaling.transforms import checkpoint_record, load_checkpoint_record
 
 accelerate = pytest.importorskip("accelerate")
 from unit_scaling.integrations.accelerate import (  # noqa: E402
     Accelerator,
     carries_step_share,
 )
+
+# One case of each claim in the default run; the rest under `integration`
+# (tests/conftest.py).
+DEFAULT_RUN = {
+    "test_an_accelerate_loop_accumulates_to_the_whole_batch[2-mean]",
+    "test_a_plain_model_keeps_accelerates_mean",
+    "test_a_loss_carries_its_share_of_the_step",
+    "test_clip_grad_rms_bounds_the_rms",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -141,6 +151,39 @@ def test_two_processes_compute_one_process_gradients_on_the_global_batch(
         assert error <= 1e-5, (where, error)
 
 
+def _first_step(rank: int, world_size: int) -> dict[str, Any]:
+    """One step of a ``unit_scale``d model that no call has calibrated, each
+    process on its own half of :func:`global_rows`: the reduced gradients, and
+    the weights and measurements of the model they belong to."""
+    accelerate_environment(rank, world_size)
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(scaled("llama"))
+    rows = global_rows().chunk(world_size)[rank]
+    accelerator.backward(model(input_ids=rows, labels=rows).loss)
+    inner = accelerator.unwrap_model(model)
+    weights = {n: t.detach().clone() for n, t in inner.state_dict().items()}
+    return {
+        "grads": grads(inner),
+        "weights": weights,
+        "record": checkpoint_record(inner),
+    }
+
+
+@pytest.mark.distributed
+def test_processes_calibrate_alike_at_their_first_call() -> None:
+    """Their first batches differ; without a shared calibration the processes'
+    scales differ by up to 25% and the reduced gradient belongs to no model."""
+    ranks = run_distributed(_first_step)
+    assert ranks[0]["record"] == ranks[1]["record"]
+    model = scaled("llama")
+    model.load_state_dict(ranks[0]["weights"])
+    load_checkpoint_record(model, ranks[0]["record"])
+    whole = whole_batch_grads(model, [global_rows()])
+    for rank in ranks:
+        error, where = worst_error(rank["grads"], whole)
+        assert error <= 1e-5, (where, error)
+
+
 def _fsdp2_step(rank: int, world_size: int) -> dict[str, Any]:
     """One step of a native u-μP decoder sharded by Accelerate's FSDP2 plugin.
 
@@ -196,3 +239,12 @@ def test_fsdp2_through_accelerates_plugin_keeps_tags_and_the_rule() -> None:
         assert rank["lrs"]
         error, where = worst_error(rank["grads"], whole)
         assert error <= 1e-5, (where, error)
+
+
+def test_deepspeed_is_an_error() -> None:
+    from accelerate.utils import DistributedType
+
+    accelerator = Accelerator(cpu=True)
+    accelerator.state.distributed_type = DistributedType.DEEPSPEED
+    with pytest.raises(ValueError, match="DeepSpeed scales and reduces"):
+        accelerator.prepare(scaled("llama"))

@@ -12,18 +12,22 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 import unit_scaling as uu
 from tests.integrations.models import (
     StepProbe,
     Tokens,
+    accelerate_environment,
     arguments,
     median_weight_rms,
     recording,
     scaled,
     transformers,
+    whole_batch_grads,
     worst_error,
 )
+from tests.parallel._launch import run_distributed
 from unit_scaling.app.baseline import StandardTransformerDecoder
 from unit_scaling.float8 import convert_to_float8_training
 from unit_scaling.integrations.hf import (
@@ -32,9 +36,22 @@ from unit_scaling.integrations.hf import (
     UnitScalingTrainer,
 )
 from unit_scaling.parameter import is_unit_scaled
-from unit_scaling.transforms import simulate_fp8
+from unit_scaling.transforms import (
+    checkpoint_record,
+    load_checkpoint_record,
+    simulate_fp8,
+)
 
 Trainer = transformers.Trainer
+
+# One case of each claim in the default run; the rest under `integration`
+# (tests/conftest.py).
+DEFAULT_RUN = {
+    "test_a_stock_trainer_trains_with_unit_scaled_gradients[llama-float]",
+    "test_the_integration_accumulates_to_the_whole_batch[2-with-count]",
+    "test_the_integration_builds_u_mup_optimizers",
+    "test_the_integration_rejects_what_it_cannot_honour",
+}
 
 
 class _IntegerCount(Trainer):  # type: ignore[misc]
@@ -374,3 +391,90 @@ def test_the_example_trains_in_fp8_and_fp32() -> None:
     assert any(line.startswith("u-μP FP32: validation loss") for line in lines)
     assert any(line.startswith("u-μP simulated FP8: validation loss") for line in lines)
     assert lines[-1].startswith("FP8 - FP32: ")
+
+
+def _measured(model: nn.Module) -> dict[str, Any]:
+    """``model``'s weights and what ``unit_scale`` measured at its first call
+    (which draws its initial weights from the random state of that moment)."""
+    weights = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    return {"weights": weights, "record": checkpoint_record(model)}
+
+
+def _trainer_step(
+    rank: int, world_size: int, directory: str, average_tokens: bool
+) -> dict[str, Any]:
+    """One UnitScalingTrainer step on ``rank`` of two (DDP over gloo, 2
+    micro-batches of 2 rows each): the micro-batches it saw and its reduced
+    gradients."""
+    accelerate_environment(rank, world_size)
+    probe = StepProbe(reference=lambda model, batches: _measured(model))
+    trainer = recording(UnitScalingTrainer, probe)(
+        model=scaled("gpt2"),
+        args=arguments(
+            f"{directory}/{rank}",
+            max_grad_norm=0.0,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=2,
+            average_tokens_across_devices=average_tokens,
+            ddp_backend="gloo",
+            learning_rate=0.5,
+        ),
+        train_dataset=Tokens(),
+        callbacks=[probe],
+    )
+    trainer.train()
+    assert probe.accumulated is not None
+    return {"batches": probe.batches, "grads": probe.accumulated, **probe.whole}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("average_tokens", [True, False], ids=["global", "per-rank"])
+def test_two_trainer_processes_step_as_one_on_the_global_batch(
+    average_tokens: bool, tmp_path: Path
+) -> None:
+    """Trainer's count over every process (the default: Trainer scales each
+    loss by W, the reduction takes the mean) and its count per process (the
+    reduction takes sum / sqrt(W)) both give one call's gradient."""
+    ranks = run_distributed(_trainer_step, str(tmp_path), average_tokens)
+    # The ranks' model as they measured it, and called as Trainer calls it (the
+    # key/value cache off: its outputs make another graph, measured anew).
+    model = scaled("gpt2")
+    model.load_state_dict(ranks[0]["weights"])
+    load_checkpoint_record(model, ranks[0]["record"])
+    model.config.use_cache = False
+    whole = whole_batch_grads(model, [b for r in ranks for b in r["batches"]])
+    for rank in ranks:
+        assert len(rank["batches"]) == 2
+        error, where = worst_error(rank["grads"], whole)
+        assert error <= 1e-5, (where, error)
+
+
+def test_deepspeed_is_an_error(tmp_path: Path) -> None:
+    class WithDeepSpeed(UnitScalingTrainer):
+        def create_accelerator_and_postprocess(self) -> None:
+            super().create_accelerator_and_postprocess()
+            self.is_deepspeed_enabled = True  # what Trainer sets for a DeepSpeed config
+
+    with pytest.raises(ValueError, match="DeepSpeed scales and reduces"):
+        WithDeepSpeed(model=scaled("llama"), args=arguments(tmp_path))
+
+
+def test_unequal_micro_batches_without_a_count_get_one_warning(tmp_path: Path) -> None:
+    """6 rows in micro-batches of 4: the step's second micro-batch has 2."""
+
+    class WithoutCount(UnitScalingTrainer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.model_accepts_loss_kwargs = False
+
+    args = arguments(
+        tmp_path,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=2,
+        learning_rate=0.5,
+    )
+    trainer = WithoutCount(model=scaled("llama"), args=args, train_dataset=Tokens(6))
+    with pytest.warns(UserWarning, match="micro-batches of one step differ") as seen:
+        trainer.train()
+    assert len([w for w in seen if "differ" in str(w.message)]) == 1

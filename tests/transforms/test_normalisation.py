@@ -27,6 +27,22 @@ LABELS = BATCH * (LENGTH - 1)  # causal LM losses shift: one label fewer per row
 
 
 MODELS = {"gpt2": tiny_gpt2, "llama": tiny_llama}
+# In the default run: each claim for one model and count type; every model,
+# count type and k under `integration` (tests/conftest.py).
+DEFAULT_RUN = {
+    "test_a_step_count_from_the_caller_keeps_unit_scale[llama-float-tensor]",
+    "test_a_step_count_from_the_caller_keeps_unit_scale[gpt2-int]",
+    "test_micro_batches_normalised_by_the_step_count_add_up_to_the_whole_batch"
+    "[gpt2-float-tensor-2]",
+    "test_micro_batches_normalised_by_the_step_count_add_up_to_the_whole_batch"
+    "[llama-int-tensor-4]",
+    "test_the_count_is_read_on_every_call[llama]",
+    "test_the_loss_value_is_the_plain_one[llama]",
+    "test_a_literal_divisor_is_the_models_own_normalisation",
+    "test_an_unrecognised_normalisation_by_a_count_is_named_once",
+    "test_a_count_also_used_as_data_is_not_a_normaliser",
+    "test_a_sum_divided_by_a_count_from_the_caller_is_its_share",
+}
 COUNTS: dict[str, Callable[[int], Any]] = {
     "float-tensor": lambda n: torch.tensor(float(n)),
     "int-tensor": lambda n: torch.tensor(n),
