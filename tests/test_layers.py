@@ -3,7 +3,9 @@ function-level ones included, read from the source with :mod:`ast`).
 
 1. A module never imports another module's private (underscore) name: a helper
    used in two modules lives in a private *module*, under a public name.
-2. A layer imports only from its own layer and those below it.
+2. A layer imports only from its own layer and those below it
+   (``from package import name`` counts as importing the module
+   ``package.name`` when there is one, at any relative level).
 3. ``admin_torch`` depends on torch (and the standard library) alone.
 4. Private torch APIs are used in two modules only: ``_torch_internals`` and
    ``transforms/_capture/dynamo`` (each pinned by its own tests).
@@ -72,8 +74,10 @@ def _is_module(parts: tuple[str, ...]) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
-def _imports(path: Path) -> list[Import]:
-    module = _module_of(path)
+def _imports(path: Path, module: tuple[str, ...] | None = None) -> list[Import]:
+    """The imports in ``path``, read as those of ``module`` (by default the
+    module that ``path`` is under ``SRC``)."""
+    module = module or _module_of(path)
     package = module if path.name == "__init__.py" else module[:-1]
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -90,6 +94,15 @@ def _imports(path: Path) -> list[Import]:
                 target = tuple((node.module or "").split("."))
             found += [Import(module, target, a.name, node.lineno) for a in node.names]
     return found
+
+
+def _imported_module(i: Import) -> tuple[str, ...]:
+    """The module ``i`` reads: for ``from package import name`` that is
+    ``package.name`` when ``name`` is a module (a file or a package), else
+    ``package``."""
+    if i.name is not None and _is_module((*i.target, i.name)):
+        return (*i.target, i.name)
+    return i.target
 
 
 def _all_imports(package: str) -> list[Import]:
@@ -128,15 +141,52 @@ def test_every_part_of_the_package_has_a_layer() -> None:
     )
 
 
-def test_layers_import_only_downwards() -> None:
+def _upward_imports(imports: list[Import]) -> list[str]:
+    """Those of ``imports`` that read a module of a higher layer."""
     bad = []
-    for i in _all_imports("unit_scaling"):
-        if len(i.module) < 2 or i.target[0] != "unit_scaling" or len(i.target) < 2:
+    for i in imports:
+        imported = _imported_module(i)
+        if len(i.module) < 2 or imported[0] != "unit_scaling" or len(imported) < 2:
             continue  # the package's own __init__ gathers the public API
-        source, target = i.module[1], i.target[1]
+        source, target = i.module[1], imported[1]
         if source != target and RANK[target] > RANK[source]:
-            bad.append(f"{_where(i)} imports {'.'.join(i.target)}")
+            bad.append(f"{_where(i)} imports {'.'.join(imported)}")
+    return bad
+
+
+def test_layers_import_only_downwards() -> None:
+    bad = _upward_imports(_all_imports("unit_scaling"))
     assert not bad, "a lower layer imports a higher one:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "imported"),
+    [
+        ("scale", "def f():\n    from . import zoo\n", "zoo"),
+        ("scale", "def f():\n    from unit_scaling import zoo\n", "zoo"),
+        ("scale", "def f():\n    import unit_scaling.zoo\n", "zoo"),
+        ("scale", "from . import zoo\n", "zoo"),
+        ("functional.x", "def f():\n    from .. import zoo\n", "zoo"),
+        (
+            "core.x",
+            "def f():\n    from ..transforms import _unit\n",
+            "transforms._unit",
+        ),
+    ],
+    ids=["relative", "absolute", "import", "module-level", "two-up", "subpackage"],
+)
+def test_the_layer_check_sees_an_upward_import(
+    module: str, source: str, imported: str, tmp_path: Path
+) -> None:
+    # ``from <package> import <module>``, at any level and inside a function
+    # too, counts as importing that module.
+    path = tmp_path / "m.py"
+    path.write_text(source)
+    line = source.count("\n")  # the import is the last line
+    found = _upward_imports(_imports(path, ("unit_scaling", *module.split("."))))
+    assert found == [
+        f"unit_scaling.{module} (line {line}) imports unit_scaling.{imported}"
+    ]
 
 
 def test_admin_torch_depends_only_on_torch() -> None:

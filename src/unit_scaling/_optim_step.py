@@ -298,7 +298,8 @@ def _foreach_adam(
     if maximize:
         grads = internals.foreach_neg(grads)
     if steps[0].is_cpu:  # a CPU scalar tensor is faster than a Python 1 there
-        internals.foreach_add_(steps, torch.tensor(1.0, device="cpu"), alpha=1.0)
+        one = torch.tensor(1.0, device=steps[0].device)
+        internals.foreach_add_(steps, one, alpha=1.0)
     else:
         internals.foreach_add_(steps, 1)
     if decoupled:

@@ -310,7 +310,7 @@ def raw_statistics(t: Tensor, rows: tuple[int, int, int] | None = None) -> Tenso
             t = t.detach().float().contiguous()
             rows = 1, t.numel(), t.numel()
         threads = native_threads(t.numel(), _NUMEL_PER_THREAD)
-        out = torch.empty(len(RAW_FIELDS), dtype=torch.float64, device="cpu")
+        out = torch.empty(len(RAW_FIELDS), dtype=torch.float64, device=t.device)
         kernel(t, out, *rows, threads)
         return out
     with torch.no_grad():
