@@ -7,6 +7,7 @@ that train for a round: ``slow``, out of the default run.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -241,7 +242,8 @@ def test_fp8_conversion_keeps_no_copy_of_a_weight(
 def test_gpu_check_runs_its_logic_on_the_cpu(tmp_path: Path) -> None:
     # `python -m benchmarks.gpu --cpu-check`: every section on tiny shapes with
     # the CPU on both sides of the zoo comparison, so the differences are zero
-    # and the reports equal; each section's files and the page are written.
+    # and the reports equal (that a difference is found: the tests of
+    # `compare_sides` below); each section's files and the page are written.
     # Timings are not checked (on a CPU they mean nothing).
     command = [sys.executable, "-m", "benchmarks.gpu", "--cpu-check"]
     command += ["--out", str(tmp_path), "--commit", "test"]
@@ -275,12 +277,24 @@ def test_gpu_check_runs_its_logic_on_the_cpu(tmp_path: Path) -> None:
     runs = fp8["training"]["runs"]
     assert runs["bf16"]["steps"] == runs["FP8"]["steps"] > 0
     assert abs(fp8["training"]["gap"]) < 0.05
-    speed = json.loads((tmp_path / "speed.json").read_text())["data"]
+    speed_section = json.loads((tmp_path / "speed.json").read_text())
+    speed = speed_section["data"]
     measured = {(r["variant"]["model"], r["variant"]["fp8"]) for r in speed["fp8"]}
     assert {("u-μP", None), ("u-μP", "ours")} <= measured
     assert [r["width"] for r in speed["widths"]] == [32]
-    assert speed["widths"][0]["eager ratio"] > 0
-    assert speed["widths"][0]["compiled ratio"] > 0
+    # Each ratio is its own row's two medians, as printed while measuring.
+    medians = _printed_medians(done.stdout)
+    for r in speed["widths"]:
+        for mode in ("eager", "compiled"):
+            sp, umup = r[f"SP {mode} ms"], r[f"u-μP {mode} ms"]
+            assert f"{sp:.1f}" == medians["bf16", "SP", mode, r["width"]]
+            assert f"{umup:.1f}" == medians["bf16", "u-μP", mode, r["width"]]
+            assert r[f"{mode} ratio"] == pytest.approx(umup / sp, rel=1e-9)
+    _check_width_table((tmp_path / "speed.md").read_text(), speed["widths"])
+    checked = _check_fp8_ratios(speed["fp8"], speed_section["targets"], medians, 64)
+    assert checked >= {
+        f"FP8 {mode}: ours ÷ u-μP bf16" for mode in ("eager", "compiled")
+    }
     page = (tmp_path / "gpu.md").read_text()
     assert "CPU standing in for the GPU" in page and "at commit test" in page
     # Every target is printed with a verdict.
@@ -288,6 +302,107 @@ def test_gpu_check_runs_its_logic_on_the_cpu(tmp_path: Path) -> None:
     verdicts = lines[lines.index("Targets:") + 1 :]
     assert sum(line.strip().startswith(("met", "not met")) for line in verdicts) >= 5
     assert any("zoo: nothing printed to stderr" in line for line in verdicts)
+
+
+def _printed_medians(stdout: str) -> dict[tuple[str, str, str, int], str]:
+    """Each run's median step time (ms, as printed by the speed section) by
+    variant name, model, mode and width."""
+    found = re.findall(
+        r"speed: (.+) \((SP|u-μP), (eager|compiled), width (\d+)\): "
+        r"(\d+\.\d) ms a step",
+        stdout,
+    )
+    return {(name, m, mode, int(w)): ms for name, m, mode, w, ms in found}
+
+
+def _check_width_table(markdown: str, rows: list[dict[str, Any]]) -> None:
+    """The speed section's u-μP ÷ SP table prints each row's medians and their
+    ratio."""
+    for r in rows:
+        line = next(
+            x for x in markdown.splitlines() if x.startswith(f"| {r['width']} |")
+        )
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[1:] == [
+            f"{r['SP eager ms']:.1f}",
+            f"{r['u-μP eager ms']:.1f}",
+            f"{r['eager ratio']:.2f}",
+            f"{r['SP compiled ms']:.1f}",
+            f"{r['u-μP compiled ms']:.1f}",
+            f"{r['compiled ratio']:.2f}",
+        ]
+
+
+def _check_fp8_ratios(
+    results: list[dict[str, Any]],
+    targets: list[dict[str, Any]],
+    medians: dict[tuple[str, str, str, int], str],
+    width: int,
+) -> set[str]:
+    """Each measured FP8 target is ours ÷ its baseline in tokens/s: the inverse
+    ratio of the two runs' median step times, as printed (the FP8 runs at
+    ``width``). Returns the names checked (less ", tokens/s")."""
+    by_variant = {
+        (r["variant"]["model"], r["variant"]["fp8"], r["variant"]["compiled"]): r
+        for r in results
+    }
+    for r in results:
+        v = r["variant"]
+        key = (v["name"], v["model"], "compiled" if v["compiled"] else "eager", width)
+        assert f"{1e3 * r['step_s']:.1f}" == medians[key]
+    baselines = {
+        "u-μP bf16": ("u-μP", None),
+        "torchao tensorwise": ("SP", "tensorwise"),
+    }
+    checked = set()
+    for target in targets:
+        found = re.fullmatch(
+            r"(FP8 (eager|compiled): ours ÷ (.+)), tokens/s", target["name"]
+        )
+        if found is None or target["met"] is None:
+            continue
+        name, mode, against = found.groups()
+        compiled = mode == "compiled"
+        ours = by_variant["u-μP", "ours", compiled]
+        other = by_variant[(*baselines[against], compiled)]
+        ratio = ours["tokens_per_s"] / other["tokens_per_s"]
+        assert ratio == pytest.approx(other["step_s"] / ours["step_s"], rel=1e-9)
+        assert target["measured"] == f"{ratio:.3f}"
+        checked.add(name)
+    return checked
+
+
+def test_gpu_check_speed_ratios_divide_their_own_rows_medians(tmp_path: Path) -> None:
+    # Two widths with different medians, one run failed: each ratio is its
+    # own width's u-μP ÷ SP, mode by mode; a failed run's ratio is not a number.
+    from benchmarks.float8_gpu import Result, Shapes
+    from benchmarks.gpu import speed
+    from benchmarks.gpu._common import Settings
+
+    settings = Settings(torch.device("cpu"), tmp_path, True, 1, None)
+    medians = {
+        (32, "SP", False): 0.010,
+        (32, "u-μP", False): 0.013,
+        (32, "SP", True): 0.007,
+        (32, "u-μP", True): 0.0091,
+        (64, "SP", False): 0.020,
+        (64, "u-μP", False): 0.030,
+        (64, "SP", True): 0.050,
+    }
+    runs = [
+        (Shapes(width=w), Result(speed._variant(m, None, c), step_s=s))
+        for (w, m, c), s in medians.items()
+    ]
+    runs.append(
+        (Shapes(width=64), Result(speed._variant("u-μP", None, True), error="OOM"))
+    )
+    result = speed._result(settings, None, [], runs, None, [])
+    rows = {r["width"]: r for r in result.data["widths"]}
+    assert rows[32]["eager ratio"] == pytest.approx(1.3)
+    assert rows[32]["compiled ratio"] == pytest.approx(1.3)
+    assert rows[64]["eager ratio"] == pytest.approx(1.5)
+    assert math.isnan(rows[64]["compiled ratio"])
+    _check_width_table(result.markdown, result.data["widths"])
 
 
 def test_gpu_check_without_cuda_says_so(tmp_path: Path) -> None:
@@ -339,6 +454,190 @@ def test_gpu_check_sections_stop_at_their_deadline(
         "nanogpt",
     ]
     assert [t.met for t in result.targets] == [None, None, None]
+
+
+@pytest.fixture(scope="module")
+def mlp_sides() -> dict[str, Any]:
+    """The zoo's ``mlp`` under ``unit_scale`` and ``track_scales``, on the CPU:
+    one side of the GPU check's comparison, by transform."""
+    from benchmarks.gpu import zoo
+    from benchmarks.gpu.agreement import CPU
+    from unit_scaling import zoo as models
+
+    base = models.get("mlp").make(0)
+    return {
+        t: zoo.run_side("mlp", t, base, CPU) for t in ("unit_scale", "track_scales")
+    }
+
+
+def _verdicts(row: dict[str, Any]) -> list[bool | None]:
+    """The zoo section's three targets (outputs and gradients agree, reports
+    equal, stderr empty) for a section of this one row."""
+    from benchmarks.gpu import zoo
+
+    row = {"model": "mlp", "transform": "unit_scale", **row}
+    return [t.met for t in zoo._result("cuda", [row], [], {}, []).targets]
+
+
+@pytest.mark.parametrize("transform", ["unit_scale", "track_scales"])
+def test_gpu_check_finds_identical_sides_equal(
+    mlp_sides: dict[str, Any], transform: str
+) -> None:
+    from benchmarks.gpu.agreement import compare_sides
+
+    side = mlp_sides[transform]
+    row = compare_sides(side, copy.deepcopy(side), "cuda")
+    assert row["error"] is None and row["output"] == row["grads"] == 0
+    assert row["params"] == 4 and row["worst_param"] is not None
+    assert row["report_entries_equal"] and row["report_numbers"] == 0
+    assert _verdicts(row) == [True, True, True]
+
+
+def _nudge(tensor: torch.Tensor) -> None:
+    """One element moved by 1e-3 of the tensor's norm: a relative difference
+    of 1e-3, ten times the zoo's tolerance."""
+    tensor.view(-1)[0] += 1e-3 * tensor.norm()
+
+
+def _raise_number(side: Any, name: str) -> None:
+    side.report.numbers[name] *= 1 + 1e-3
+
+
+def _relabel_parameter(side: Any, name: str) -> None:
+    records = side.report.entries[1]
+    i = next(i for i, (n, _, _) in enumerate(records) if n == name)
+    records[i] = (name, "bias", records[i][2])
+
+
+def _drop_parameter(side: Any, name: str) -> None:
+    side.report.entries[1] = [e for e in side.report.entries[1] if e[0] != name]
+    del side.report.numbers[name]
+
+
+def _drop_tracked(side: Any, name: str) -> None:
+    side.report.entries.remove((name, True))
+    for key in [k for k in side.report.numbers if k.startswith(f"{name}.")]:
+        del side.report.numbers[key]
+
+
+ABOUT_1E_3 = pytest.approx(1e-3, rel=1e-3)
+# How the other side differs: (transform, the change, the row's fields, the
+# section's verdicts: outputs and gradients agree, reports equal, stderr empty).
+DIFFERENCES: dict[str, tuple[str, Any, dict[str, Any], list[bool | None]]] = {
+    "output": (
+        "unit_scale",
+        lambda s: _nudge(s.output),
+        {"output": ABOUT_1E_3, "grads": 0},
+        [False, True, True],
+    ),
+    "gradient": (
+        "unit_scale",
+        lambda s: _nudge(s.grads["down.weight"]),
+        {"output": 0, "grads": ABOUT_1E_3, "worst_param": "down.weight"},
+        [False, True, True],
+    ),
+    "gradient missing": (
+        "unit_scale",
+        lambda s: s.grads.pop("up.bias"),
+        {"grads": math.inf, "worst_param": "up.bias", "params": 4},
+        [False, True, True],
+    ),
+    "gradient extra": (
+        "unit_scale",
+        lambda s: s.grads.update(extra=torch.zeros(1)),
+        {"grads": math.inf, "worst_param": "extra", "params": 5},
+        [False, True, True],
+    ),
+    "gradient scale": (
+        "unit_scale",
+        lambda s: _raise_number(s, "down.weight"),
+        {"grads": 0, "report_entries_equal": True, "report_numbers": ABOUT_1E_3},
+        [True, False, True],
+    ),
+    "parameter role": (
+        "unit_scale",
+        lambda s: _relabel_parameter(s, "up.weight"),
+        {"report_entries_equal": False, "report_numbers": 0},
+        [True, False, True],
+    ),
+    "parameter record missing": (
+        "unit_scale",
+        lambda s: _drop_parameter(s, "up.bias"),
+        {"report_entries_equal": False, "report_numbers": math.inf},
+        [True, False, True],
+    ),
+    "tracked statistic": (
+        "track_scales",
+        lambda s: _raise_number(s, "x.bwd.std"),
+        {"report_entries_equal": True, "report_numbers": ABOUT_1E_3},
+        [True, False, True],
+    ),
+    "tracked tensor missing": (
+        "track_scales",
+        lambda s: _drop_tracked(s, "gelu"),
+        {"report_entries_equal": False, "report_numbers": math.inf},
+        [True, False, True],
+    ),
+    "stderr": (
+        "unit_scale",
+        lambda s: setattr(s, "stderr", "CUDA warning"),
+        {"stderr_cpu": "", "stderr_device": "CUDA warning", "output": 0},
+        [True, True, False],
+    ),
+    "error": (
+        "unit_scale",
+        lambda s: setattr(s, "error", "RuntimeError: no kernel"),
+        {"error": "RuntimeError: no kernel", "error_side": "cuda"},
+        [None, False, True],
+    ),
+}
+
+
+@pytest.mark.parametrize("difference", DIFFERENCES)
+def test_gpu_check_reports_a_difference_on_the_other_side(
+    mlp_sides: dict[str, Any], difference: str
+) -> None:
+    # The CPU side's results against a copy changed in one way: the row says
+    # where, and the section's targets are not met. (The same copy unchanged
+    # gives zeros and every target met: the test above.)
+    from benchmarks.gpu.agreement import compare_sides
+
+    transform, change, fields, verdicts = DIFFERENCES[difference]
+    reference = mlp_sides[transform]
+    other = copy.deepcopy(reference)
+    change(other)
+    row = compare_sides(reference, other, "cuda")
+    assert {k: row.get(k) for k in fields} == fields
+    assert _verdicts(row) == verdicts
+
+
+class _Skewed:
+    """A side on the CPU whose results come back 0.1% larger: a device that
+    computes slightly differently, plugged in where CUDA is."""
+
+    name = "skewed"
+
+    def put_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    def put(self, tree: Any) -> Any:
+        return tree
+
+    def back(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach() * (1 + 1e-3)
+
+
+def test_gpu_check_compares_the_side_it_is_given() -> None:
+    from benchmarks.gpu import zoo
+
+    row = zoo.compare("mlp", "unit_scale", _Skewed())
+    assert row["error"] is None
+    assert row["output"] == pytest.approx(1e-3, rel=1e-3)
+    assert row["grads"] == pytest.approx(1e-3, rel=1e-3)
+    assert row["report_entries_equal"] and row["report_numbers"] == 0
+    result = zoo._result("skewed", [row], [], {}, [])
+    assert "skewed vs CPU" in result.targets[0].name
+    assert result.targets[0].met is False
 
 
 @pytest.mark.integration

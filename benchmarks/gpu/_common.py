@@ -1,5 +1,5 @@
 """What the GPU check's sections share: the run's settings, time budgets,
-targets, captured output, relative differences and result files."""
+targets, captured output and result files."""
 
 from __future__ import annotations
 
@@ -123,25 +123,6 @@ def collected_messages() -> Iterator[list[str]]:
     finally:
         for logger in loggers:
             logger.removeHandler(handler)
-
-
-def relative_difference(got: Tensor, expected: Tensor) -> float:
-    """``‖got − expected‖ / ‖expected‖`` in float64 (the absolute difference
-    where ``expected`` is zero); ``inf`` for different shapes or a non-finite
-    value on one side only."""
-    if got.shape != expected.shape:
-        return math.inf
-    a = got.detach().to("cpu", torch.float64)
-    b = expected.detach().to("cpu", torch.float64)
-    finite_a, finite_b = torch.isfinite(a), torch.isfinite(b)
-    if not torch.equal(finite_a, finite_b) or not torch.equal(
-        a[~finite_a], b[~finite_b]
-    ):
-        return math.inf
-    a, b = a[finite_a], b[finite_b]
-    norm = float(b.norm())
-    diff = float((a - b).norm())
-    return diff / norm if norm > 0 else diff
 
 
 def sqnr(approx: Tensor, exact: Tensor) -> float:

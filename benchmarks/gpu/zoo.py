@@ -2,9 +2,10 @@
 
 For each fast zoo model and each of ``unit_scale``, ``track_scales`` and
 ``simulate_fp8(unit_scale(·))``: one model built on the CPU from seed 0, a copy
-moved to the device, the transform applied to each, both fed the same inputs
-and backpropagated from the same output gradient (drawn on the CPU), TF32 off.
-Compared, the CPU side as the reference:
+moved to the device (the other :class:`~.agreement.Side`), the transform
+applied to each, both fed the same inputs and backpropagated from the same
+output gradient (drawn on the CPU), TF32 off. Compared by
+:func:`~.agreement.compare_sides`, the CPU side as the reference:
 
 * the forward output and every parameter gradient: ``‖cuda − cpu‖ / ‖cpu‖``
   (the largest over parameters, naming the worst), target ≤ 1e-4;
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from ._common import (
     Deadline,
@@ -41,11 +42,11 @@ from ._common import (
     captured_stderr,
     collected_messages,
     markdown_table,
-    relative_difference,
     seeded_randn,
     short,
     turn_off_tf32,
 )
+from .agreement import CPU, DeviceSide, Report, Side, SideResult, compare_sides
 
 TOLERANCE = 1e-4
 TRANSFORMS = ("unit_scale", "track_scales", "simulate_fp8")
@@ -79,15 +80,8 @@ def _transform(name: str) -> Callable[[nn.Module], nn.Module]:
     }[name]
 
 
-def _to(tree: Any, device: torch.device) -> Any:
-    from unit_scaling._torch_internals import pytree
-
-    return pytree.tree_map_only(Tensor, lambda t: t.to(device), tree)
-
-
-def _report(transform: str, model: nn.Module) -> dict[str, Any]:
-    """The transform's report as plain data: exact entries and the numbers
-    compared with a tolerance."""
+def _report(transform: str, model: nn.Module) -> Report:
+    """The transform's report as plain data."""
     if transform == "track_scales":
         graph = model.scales_graph()  # type: ignore[operator]
         entries, numbers = [], {}
@@ -101,66 +95,52 @@ def _report(transform: str, model: nn.Module) -> dict[str, Any]:
                 data = getattr(metrics, side)
                 for field in _METRIC_FIELDS if data is not None else ():
                     numbers[f"{name}.{side}.{field}"] = float(getattr(data, field))
-        return {"entries": entries, "numbers": numbers}
+        return Report(entries, numbers)
     from unit_scaling.transforms import unit_scale_report
 
     report = unit_scale_report(model)
-    return {
-        "entries": [
+    return Report(
+        [
             [repr(r) for r in report.ops],
             [(p.name, p.role, p.init) for p in report.parameters],
             sorted((name, repr(tag)) for name, tag in report.tags.items()),
         ],
-        "numbers": {p.name: p.grad_scale for p in report.parameters},
-    }
+        {p.name: p.grad_scale for p in report.parameters},
+    )
 
 
-def _one_side(
-    model_name: str, transform: str, base: nn.Module, device: torch.device
-) -> dict[str, Any]:
-    """The transform of a copy of ``base`` on ``device``: its output, parameter
+def run_side(
+    model_name: str, transform: str, base: nn.Module, side: Side
+) -> SideResult:
+    """The transform of a copy of ``base`` on ``side``: its output, parameter
     gradients, report, stderr and collected messages."""
     from unit_scaling import zoo
 
     entry = zoo.get(model_name)
-    side: dict[str, Any] = {"error": None}
+    result = SideResult()
     with captured_stderr() as stderr, collected_messages() as messages:
         try:
-            model = _transform(transform)(copy.deepcopy(base).to(device))
-            args, kwargs = _to(entry.example(0, 0), device)
+            model = _transform(transform)(side.put_model(copy.deepcopy(base)))
+            args, kwargs = side.put(entry.example(0, 0))
             output = entry.output(model(*args, **kwargs))
-            grad = seeded_randn(*output.shape, seed=1, device=device)
+            grad = side.put(seeded_randn(*output.shape, seed=1, device=CPU.device))
             output.backward(grad.to(output.dtype))  # type: ignore[no-untyped-call]
-            side["output"] = output.detach().cpu()
-            side["grads"] = {
-                n: p.grad.detach().cpu()
+            result.output = side.back(output)
+            result.grads = {
+                n: side.back(p.grad)
                 for n, p in model.named_parameters()
                 if p.grad is not None
             }
-            side["report"] = _report(transform, model)
+            result.report = _report(transform, model)
         except Exception as error:  # recorded in the table, not raised
-            side["error"] = short(f"{type(error).__name__}: {error}", 300)
-    side["stderr"] = stderr[0]
-    side["messages"] = messages
-    return side
+            result.error = short(f"{type(error).__name__}: {error}", 300)
+    result.stderr = stderr[0]
+    result.messages = messages
+    return result
 
 
-def _numbers_difference(got: dict[str, float], expected: dict[str, float]) -> float:
-    if got.keys() != expected.keys():
-        return math.inf
-    worst = 0.0
-    for key, b in expected.items():
-        a = got[key]
-        scale = max(abs(a), abs(b))
-        if scale > 0 and math.isfinite(scale):
-            worst = max(worst, abs(a - b) / scale)
-        elif a != b and not (math.isnan(a) and math.isnan(b)):
-            worst = math.inf
-    return worst
-
-
-def compare(model_name: str, transform: str, device: torch.device) -> dict[str, Any]:
-    """One row: ``transform`` of ``model_name`` on ``device`` against the CPU."""
+def compare(model_name: str, transform: str, other: Side) -> dict[str, Any]:
+    """One row: ``transform`` of ``model_name`` on ``other`` against the CPU."""
     from unit_scaling import zoo
 
     begin = time.perf_counter()
@@ -168,42 +148,11 @@ def compare(model_name: str, transform: str, device: torch.device) -> dict[str, 
     # transformers): reported apart, as the imports are.
     with captured_stderr() as building:
         base = zoo.get(model_name).make(0)
-    cpu = _one_side(model_name, transform, base, torch.device("cpu"))
-    dev = _one_side(model_name, transform, base, device)
-    row: dict[str, Any] = {
-        "model": model_name,
-        "transform": transform,
-        "error": cpu["error"] or dev["error"],
-        "error_side": "cpu" if cpu["error"] else device.type if dev["error"] else None,
-        "stderr_cpu": cpu["stderr"],
-        "stderr_device": dev["stderr"],
-        "messages_cpu": len(cpu["messages"]),
-        "messages_device": len(dev["messages"]),
-        "first_messages": [short(m) for m in (dev["messages"] or cpu["messages"])[:3]],
-        "build_stderr": building[0],
-    }
-    if row["error"] is None:
-        grads_cpu, grads_dev = cpu["grads"], dev["grads"]
-        differences = {
-            name: relative_difference(grads_dev[name], g)
-            if name in grads_dev
-            else math.inf
-            for name, g in grads_cpu.items()
-        }
-        differences.update(
-            {name: math.inf for name in grads_dev.keys() - grads_cpu.keys()}
-        )
-        worst = max(differences, key=differences.__getitem__, default=None)
-        row.update(
-            output=relative_difference(dev["output"], cpu["output"]),
-            grads=differences[worst] if worst is not None else 0.0,
-            worst_param=worst,
-            params=len(differences),
-            report_entries_equal=dev["report"]["entries"] == cpu["report"]["entries"],
-            report_numbers=_numbers_difference(
-                dev["report"]["numbers"], cpu["report"]["numbers"]
-            ),
-        )
+    reference = run_side(model_name, transform, base, CPU)
+    result = run_side(model_name, transform, base, other)
+    row: dict[str, Any] = {"model": model_name, "transform": transform}
+    row.update(compare_sides(reference, result, other.name))
+    row["build_stderr"] = building[0]
     row["seconds"] = time.perf_counter() - begin
     return row
 
@@ -248,11 +197,11 @@ def _worker_setup(threads: int) -> str:
 
 
 def run_model(
-    model_name: str, device: str, threads: int
+    model_name: str, other: Side, threads: int
 ) -> tuple[list[dict[str, Any]], str]:
     """Every transform of one model (a worker's task); what importing printed."""
     noise = _worker_setup(threads)
-    rows = [compare(model_name, t, torch.device(device)) for t in TRANSFORMS]
+    rows = [compare(model_name, t, other) for t in TRANSFORMS]
     return rows, noise
 
 
@@ -262,9 +211,15 @@ def _fmt(x: float | None) -> str:
     return "inf" if math.isinf(x) else f"{x:.1e}"
 
 
-def run(settings: Settings, deadline: Deadline) -> SectionResult:
-    """Every fast zoo model, in ``settings.jobs`` worker processes."""
+def run(
+    settings: Settings, deadline: Deadline, other: Side | None = None
+) -> SectionResult:
+    """Every fast zoo model, in ``settings.jobs`` worker processes, on
+    ``other`` (by default ``settings.device``) against the CPU."""
     from unit_scaling import zoo
+
+    if other is None:
+        other = DeviceSide(settings.device)
 
     names = list(settings.models or zoo.names(include_slow=False))
     if settings.cpu_check and settings.models is None:
@@ -280,8 +235,7 @@ def run(settings: Settings, deadline: Deadline) -> SectionResult:
     noise: list[str] = []
     with context.Pool(settings.jobs) as pool:
         pending = {
-            name: pool.apply_async(run_model, (name, settings.device.type, threads))
-            for name in queue
+            name: pool.apply_async(run_model, (name, other, threads)) for name in queue
         }
         while pending and deadline.left() > 0:
             for name in [n for n, r in pending.items() if r.ready()]:
@@ -298,17 +252,16 @@ def run(settings: Settings, deadline: Deadline) -> SectionResult:
         pool.terminate()  # models not finished by the deadline: not measured
     rows.sort(key=lambda r: (order[r["model"]], TRANSFORMS.index(r["transform"])))
     unmeasured = sorted(pending, key=order.__getitem__)
-    return _result(settings, rows, unmeasured, missing, noise)
+    return _result(other.name, rows, unmeasured, missing, noise)
 
 
 def _result(
-    settings: Settings,
+    device: str,
     rows: list[dict[str, Any]],
     unmeasured: list[str],
     missing: dict[str, tuple[str, ...]],
     noise: list[str],
 ) -> SectionResult:
-    device = settings.device.type
     measured = [r for r in rows if r["error"] is None]
     worst = max((max(r["output"], r["grads"]) for r in measured), default=None)
     quiet = [r for r in rows if not (r["stderr_cpu"] or r["stderr_device"])]
