@@ -264,7 +264,6 @@ _DATA = (
 ALLOWED_LITERAL_DEVICES: dict[tuple[str, str, str], str] = {
     ("unit_scaling._standins", "seeded", "torch.Generator"): _SEEDED,
     ("unit_scaling._standins", "normal", "torch.randn"): _SEEDED,
-    ("unit_scaling._standins", "signs_like", "torch.randint"): _SEEDED,
     ("unit_scaling.export._decoder", "export_decoder", "torch.randint"): _SEEDED,
     ("unit_scaling.export._decoder", "_residual_weights", "torch.ones"): _RULE,
     ("unit_scaling.export._decoder", "_residual_weights", "torch.zeros"): _RULE,

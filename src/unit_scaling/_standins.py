@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["normal", "normal_like", "seeded", "signs_like"]
+__all__ = ["normal", "normal_like", "seeded"]
 
 _CPU = torch.device("cpu")
 
@@ -54,15 +54,3 @@ def normal_like(value: Tensor, generator: torch.Generator) -> Tensor:
         torch.bfloat16
     """
     return normal(value.shape, generator, value.device, value.dtype)
-
-
-def signs_like(value: Tensor, generator: torch.Generator) -> Tensor:
-    """Independent random signs (+1 or -1, equally likely) shaped, placed and
-    typed like ``value``, drawn on the CPU.
-
-    Example:
-        >>> sorted(set(signs_like(torch.zeros(100), seeded(0)).tolist()))
-        [-1.0, 1.0]
-    """
-    bits = torch.randint(0, 2, tuple(value.shape), generator=generator, device=_CPU)
-    return (2 * bits - 1).to(device=value.device, dtype=value.dtype)
