@@ -556,6 +556,10 @@ _TENSORS = {
     "mask": lambda: torch.randn(64, 64).masked_fill(
         torch.ones(64, 64).triu(1).bool(), -math.inf
     ),
+    # Hugging Face's additive mask: squares past float32's range
+    "finfo.min mask": lambda: torch.zeros(64, 64).masked_fill(
+        torch.ones(64, 64).triu(1).bool(), torch.finfo(torch.float32).min
+    ),
 }
 
 

@@ -55,6 +55,9 @@ RAW_FIELDS = (
     "zeros",
     "infs",
 )
+# (the fields the native kernel sums in float, and the largest magnitude)
+_SUMS = [RAW_FIELDS.index(f) for f in ("mean", "m2", "sum", "sum_abs")]
+_MAX = RAW_FIELDS.index("abs_max")
 
 _NATIVE_SOURCE = r"""
 #include <torch/csrc/inductor/cpp_prefix.h>
@@ -312,7 +315,10 @@ def raw_statistics(t: Tensor, rows: tuple[int, int, int] | None = None) -> Tenso
         threads = native_threads(t.numel(), _NUMEL_PER_THREAD)
         out = torch.empty(len(RAW_FIELDS), dtype=torch.float64, device=t.device)
         kernel(t, out, *rows, threads)
-        return out
+        if bool(torch.isfinite(out[_SUMS]).all()) or not math.isfinite(out[_MAX]):
+            return out
+        # Finite values past float32's square root (a mask of finfo.min) overflow
+        # the kernel's float partial sums: the float64 path sums them, as on a GPU.
     with torch.no_grad():
         flat = t.detach().reshape(-1).contiguous()
         return _KERNELS.run(_raw_statistics_kernel, _raw_statistics_kernel, flat)
