@@ -94,10 +94,21 @@ class SideResult:
     messages: list[str] = dataclasses.field(default_factory=list)
 
 
-def relative_difference(got: Tensor, expected: Tensor) -> float:
-    """``‖got − expected‖ / ‖expected‖`` in float64 (the absolute difference
-    where ``expected`` is zero); ``inf`` for different shapes or a non-finite
-    value on one side only."""
+# A value this far below its peers' typical size (a gradient that is zero in
+# exact arithmetic, as an attention key's bias's: rounding noise on both sides)
+# is measured against that floor instead of its own size.
+NOISE_FLOOR = 1e-6
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(v for v in values if math.isfinite(v))
+    return ordered[len(ordered) // 2] if ordered else 0.0
+
+
+def relative_difference(got: Tensor, expected: Tensor, floor: float = 0.0) -> float:
+    """``‖got − expected‖ / max(‖expected‖, floor)`` in float64 (the absolute
+    difference where both are zero); ``inf`` for different shapes or a
+    non-finite value on one side only."""
     if got.shape != expected.shape:
         return math.inf
     a = got.detach().to("cpu", torch.float64)
@@ -108,20 +119,22 @@ def relative_difference(got: Tensor, expected: Tensor) -> float:
     ):
         return math.inf
     a, b = a[finite_a], b[finite_b]
-    norm = float(b.norm())
+    norm = max(float(b.norm()), floor)
     diff = float((a - b).norm())
     return diff / norm if norm > 0 else diff
 
 
 def _numbers_difference(got: dict[str, float], expected: dict[str, float]) -> float:
-    """The largest ``|got − expected| / max(|got|, |expected|)`` over the
-    names; ``inf`` for a name on one side only or a non-finite mismatch."""
+    """The largest ``|got − expected| / max(|got|, |expected|, floor)`` over
+    the names (``floor``: :data:`NOISE_FLOOR` times the median ``|expected|``);
+    ``inf`` for a name on one side only or a non-finite mismatch."""
     if got.keys() != expected.keys():
         return math.inf
+    floor = NOISE_FLOOR * _median([abs(b) for b in expected.values()])
     worst = 0.0
     for key, b in expected.items():
         a = got[key]
-        scale = max(abs(a), abs(b))
+        scale = max(abs(a), abs(b), floor)
         if scale > 0 and math.isfinite(scale):
             worst = max(worst, abs(a - b) / scale)
         elif a != b and not (math.isnan(a) and math.isnan(b)):
@@ -137,8 +150,9 @@ def compare_sides(
     Always: ``error`` (the reference's first) and ``error_side``, each side's
     stderr and its count of messages, the first messages. Where neither side
     failed: ``output``, ``‖other − reference‖ / ‖reference‖`` of the forward
-    output; ``grads``, the largest such difference over the parameters (a
-    gradient on one side only: ``inf``), ``worst_param`` naming it and
+    output; ``grads``, the largest such difference over the parameters (each
+    measured against at least :data:`NOISE_FLOOR` times the median gradient
+    norm; a gradient on one side only: ``inf``), ``worst_param`` naming it and
     ``params`` counting them; ``report_entries_equal``; ``report_numbers``,
     the largest relative difference of the report's numbers (a number on one
     side only: ``inf``).
@@ -164,8 +178,9 @@ def compare_sides(
         raise ValueError("the reference side has neither an error nor its results")
     if other.output is None or other.report is None:
         raise ValueError(f"the {other_name} side has neither an error nor its results")
+    floor = NOISE_FLOOR * _median([float(g.norm()) for g in reference.grads.values()])
     differences = {
-        name: relative_difference(other.grads[name], g)
+        name: relative_difference(other.grads[name], g, floor)
         if name in other.grads
         else math.inf
         for name, g in reference.grads.items()
