@@ -31,6 +31,7 @@ branches (``if x.is_cuda``), which a stand-in does not take.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -287,6 +288,12 @@ def _child(fn: Callable[..., Any], args: tuple[Any, ...], queue: Any) -> None:
         queue.put(("ok", fn(*args)))
     except BaseException:  # the parent reports it
         queue.put(("error", traceback.format_exc()))
+    queue.close()
+    queue.join_thread()
+    # (no interpreter teardown: with the Python device's hooks registered, a
+    # CUDA build of torch 2.15 aborts in it, "terminate called without an
+    # active exception", after the work is done)
+    os._exit(0)
 
 
 def in_subprocess(fn: Callable[..., T], *args: Any, timeout: float = 600) -> T:
