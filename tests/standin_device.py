@@ -254,9 +254,9 @@ def _factory(op: Any) -> Callable[..., StandIn]:
 
 def math_attention() -> Any:
     """A context in which attention takes its math form on every device, as
-    it does on the stand-in device (the CPU's fused kernel rounds otherwise: a
-    gradient zero in exact arithmetic, an attention key's bias's, is rounding
-    noise, which ``unit_scale``'s calibration brings to unit scale)."""
+    it does on the stand-in device (the CPU's fused kernel rounds otherwise,
+    and a gradient zero in exact arithmetic, an attention key's bias's, is
+    then two different draws of rounding noise)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel(SDPBackend.MATH)
