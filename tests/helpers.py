@@ -152,3 +152,22 @@ def tiny_llama(width: int = 64, layers: int = 2, vocab: int = 256) -> nn.Module:
     model = transformers.LlamaForCausalLM(config)
     model.loss_type = "ForCausalLM"
     return model
+
+
+# Fast zoo models that between them take every path that makes stand-ins: norm
+# recognition (Llama's hand-written RMSNorm), calibrated regions, gradient
+# calibration, library rewrites (nn.MultiheadAttention), routed experts, adaLN
+# (tests/test_devices.py and tests/test_standin_device.py).
+STANDIN_PATHS = [
+    "mlp",
+    "gpt2",
+    "llama",
+    "bert",
+    "vit",
+    "resnet",
+    "t5",
+    "mixtral",
+    "dit",
+    "transformer-encoder",
+    "nn-transformer",
+]

@@ -31,6 +31,7 @@ import torch
 from torch.fx import Graph, GraphModule
 
 import unit_scaling
+from tests.helpers import STANDIN_PATHS
 from unit_scaling import _standins, zoo
 from unit_scaling.transforms import unit_scale
 from unit_scaling.transforms._capture.graph import run_quietly
@@ -431,25 +432,7 @@ def test_stand_ins_are_the_same_numbers_on_any_device_and_dtype(
     torch.testing.assert_close(again, here)
 
 
-# Fast zoo models that between them take every path that makes stand-ins: norm
-# recognition (Llama's hand-written RMSNorm), calibrated regions, gradient
-# calibration, library rewrites (nn.MultiheadAttention), export-free paths.
-_ZOO = [
-    "mlp",
-    "gpt2",
-    "llama",
-    "bert",
-    "vit",
-    "resnet",
-    "t5",
-    "mixtral",
-    "dit",
-    "transformer-encoder",
-    "nn-transformer",
-]
-
-
-@pytest.mark.parametrize("name", _ZOO)
+@pytest.mark.parametrize("name", STANDIN_PATHS)
 def test_unit_scale_ignores_the_default_device(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from tests import standin_device
+from tests.helpers import STANDIN_PATHS
 
 pytestmark = pytest.mark.skipif(
     not standin_device.available(),
@@ -40,22 +41,7 @@ DEFAULT_RUN = {
     "test_a_stand_in_drawn_on_the_cpu_is_caught[_standins: normal_like on the CPU]",
 }
 
-# Fast zoo models that between them take every path that makes stand-ins: norm
-# recognition (Llama's RMSNorm), calibrated regions, gradient calibration,
-# library rewrites (nn.MultiheadAttention), routed experts, adaLN.
-ZOO = [
-    "mlp",
-    "gpt2",
-    "llama",
-    "bert",
-    "vit",
-    "resnet",
-    "t5",
-    "mixtral",
-    "dit",
-    "transformer-encoder",
-    "nn-transformer",
-]
+ZOO = STANDIN_PATHS
 TOLERANCE = 1e-4
 
 
