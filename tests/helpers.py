@@ -115,6 +115,36 @@ def compiled_grad(function: Any, graphs: list[GraphModule] | None = None) -> Ten
     return x.grad
 
 
+class _BreaksInInit:
+    """Breaks Dynamo's graph in its constructor, which then calls ``super()``
+    (as transformers' caches do: the ``__class__`` cell is part of the case)."""
+
+    def __init__(self) -> None:
+        torch._dynamo.graph_break()
+        super().__init__()
+
+
+def _kept(*values: object) -> tuple[object, ...]:
+    return values
+
+
+class BreaksInsideANestedCall(nn.Module):
+    """A layer whose forward breaks Dynamo's graph inside a constructor called
+    as an argument, after two ops (the shape of transformers' Speech2Text
+    decoder making ``EncoderDecoderCache(DynamicCache(config=...), ...)``): the
+    case torch 2.11's nested graph breaks resume with the forward's locals mixed
+    up (an error, or another value in ``y``'s place)."""
+
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.linear(x).sin() * 2.0
+        _kept(_BreaksInInit())
+        return y * 3.0
+
+
 def tiny_gpt2(width: int = 64, layers: int = 2, vocab: int = 256) -> nn.Module:
     """A Hugging Face GPT-2 of ``layers`` blocks at ``width``, dropout off, its
     loss type set (else ``transformers`` logs in forward: a graph break)."""

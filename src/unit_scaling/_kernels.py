@@ -13,14 +13,23 @@ poorly: scale statistics and round-to-nearest quantisation, run on hundreds of
 tensors per training step, where a compiled call's fixed cost (~40-100 us) and
 Inductor's code (eleven reductions; a float8 cast round trip that it does not
 vectorise) dominate. It compiles a hand-written C++ function with Inductor's own
-C++ toolchain.
+C++ toolchain. What torch logs or prints while building one (e.g. a CUDA
+build of torch on a machine without a GPU says so) is held back, and shown
+only in the warning if the build fails.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
+import os
+import sys
+import tempfile
+import threading
 import warnings
-from collections.abc import Callable
-from typing import cast
+from collections.abc import Callable, Iterator
+from typing import IO, cast
 
 import torch
 from torch import Tensor
@@ -122,7 +131,8 @@ class NativeKernel:
     compiler, flags, vector ISA (``at::vec``), OpenMP and on-disk cache are the
     ones ``torch.compile`` uses on this machine. If that fails (e.g. no C++
     compiler), the owner warns once and :meth:`get` returns ``None`` from then on:
-    callers keep a fallback.
+    callers keep a fallback. What the build logs or prints stays off the
+    user's stdout and stderr, and is shown in that warning.
 
     The arguments are not checked: pass contiguous CPU tensors of the declared
     element types, and pointers only to memory the kernel may touch.
@@ -145,16 +155,106 @@ class NativeKernel:
     def get(self) -> Callable[..., None] | None:
         """The compiled function (compiling it if needed), or ``None``."""
         if self._kernel is None and self.error is None:
+            output: list[str] = []
             try:
-                self._kernel = cpp_python_bindings().load_pybinding(
-                    self.argtypes, self.source
-                )
+                with _captured_output(output):
+                    self._kernel = cpp_python_bindings().load_pybinding(
+                        self.argtypes, self.source
+                    )
             except Exception as error:  # e.g. no C++ compiler, or a torch change
                 self.error = f"{type(error).__name__}: {error}"
+                held = "".join(f"\n{part}" for part in output)
+                if held:
+                    held = "\nWhat torch logged or printed while building it:" + held
                 warnings.warn(
                     f"{self.owner}: could not compile its C++ kernel, so it uses a "
-                    f"slower fallback. The error was: {self.error}",
+                    f"slower fallback. The error was: {self.error}{held}",
                     RuntimeWarning,
                     stacklevel=3,
                 )
         return self._kernel
+
+
+class _ThreadRecords(logging.Filter):
+    """A log handlers' filter that holds back, and keeps as lines, the records
+    logged by the thread that made it (every record, if records carry no
+    thread); other threads' records pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+        self.lines: list[str] = []
+        self._seen: set[int] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.thread not in (self.thread, None):
+            return True
+        if id(record) not in self._seen:  # one record meets several handlers
+            self._seen.add(id(record))
+            self.lines.append(
+                f"{record.levelname} {record.name}: {record.getMessage()}"
+            )
+        return False
+
+
+def _log_handlers() -> set[logging.Handler]:
+    """Every handler a log record can reach: each logger's, and the handler of
+    last resort (what prints a warning when no logger has a handler)."""
+    loggers = [logging.root, *list(logging.root.manager.loggerDict.values())]
+    handlers = {
+        handler
+        for logger in loggers
+        if isinstance(logger, logging.Logger)
+        for handler in logger.handlers
+    }
+    if logging.lastResort is not None:
+        handlers.add(logging.lastResort)
+    return handlers
+
+
+@contextlib.contextmanager
+def _descriptors_redirected(sink: IO[bytes]) -> Iterator[None]:
+    """File descriptors 1 and 2 (stdout and stderr at the level where C++ code
+    and subprocesses write) point to ``sink`` inside the block."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    saved: dict[int, int] = {}
+    try:
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):  # not open: nothing to redirect
+                saved[fd] = os.dup(fd)
+                os.dup2(sink.fileno(), fd)
+        yield
+    finally:
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+@contextlib.contextmanager
+def _captured_output(output: list[str]) -> Iterator[None]:
+    """Hold back what the block logs (from this thread) or writes to stdout and
+    stderr (``sys.stdout``/``sys.stderr`` and file descriptors 1 and 2: from any
+    thread, C++ code and subprocesses too), and append it to ``output`` when
+    the block ends, as up to three non-empty strings."""
+    records = _ThreadRecords()
+    handlers = _log_handlers()
+    streams = io.StringIO()
+    with tempfile.TemporaryFile() as sink:
+        for handler in handlers:
+            handler.addFilter(records)
+        try:
+            with (
+                _descriptors_redirected(sink),
+                contextlib.redirect_stdout(streams),
+                contextlib.redirect_stderr(streams),
+            ):
+                yield
+        finally:
+            for handler in handlers:
+                handler.removeFilter(records)
+            sink.seek(0)
+            written = sink.read().decode(errors="replace")
+            parts = ("\n".join(records.lines), streams.getvalue(), written)
+            output.extend(part.strip() for part in parts if part.strip())

@@ -36,6 +36,7 @@ __all__ = [
     "INTERPOLATE_HAS_LANCZOS",
     "NESTED_GRAPH_BREAKS_WORK",
     "NEWEST_TESTED_TORCH",
+    "PARAMETER_DATA_SWAPS_RECOMPILE",
     "TORCH_FLOOR",
     "BatchNormBase",
     "ConvNdBase",
@@ -182,6 +183,16 @@ COMPILED_FUNCTION_OUTPUTS_NEED_FRESH_TENSORS = torch_version() < (2, 12)
 # ``False`` the transforms capture without nested graph breaks (the same graphs;
 # slower captures of models that break inside a nested call).
 NESTED_GRAPH_BREAKS_WORK = torch_version() >= (2, 12)
+
+
+# torch 2.11 only: Dynamo skips the guards on the tensors of a module's
+# parameters while the module's parameter dict is unchanged, so a parameter
+# given new data in place (``p.data = ...``, as transformers'
+# ``resize_token_embeddings`` does) goes on running the graph captured for its
+# old data: the transforms never see the resized table. Where this is ``False``
+# the transforms capture with those guards kept (Dynamo's
+# ``skip_tensor_guards_with_matching_dict_tags`` off; more guards to check).
+PARAMETER_DATA_SWAPS_RECOMPILE = torch_version() >= (2, 12)
 
 
 # torch >= 2.12: ``F.interpolate(mode="lanczos")`` (4-D input, CPU only).

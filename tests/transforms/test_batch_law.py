@@ -51,6 +51,7 @@ COUPLED = {
 DEFAULT = {"gpt2", "vit"}
 DEFAULT_RUN = {
     "test_shared_tensors_follow_the_batch",
+    "test_a_region_that_reads_the_batch_size_keeps_its_calibration",
     "test_default_models_are_fast_and_not_coupled",
     *(f"test_zoo_gradients_accumulate_exactly[{name}]" for name in DEFAULT),
 }
@@ -146,6 +147,60 @@ def test_shared_tensors_follow_the_batch() -> None:
     shared = {"blank", "token", "positions", "relative", "mask", "rows"}
     assert shared <= set(errors)
     assert max(errors.values()) < TOLERANCE, errors
+
+
+class RepeatedKeys(nn.Module):
+    """Attention whose keys go through ops no rule covers (a rotation, as
+    rotary embeddings do) and are then repeated to the query heads with the
+    batch size written out, as transformers' ``repeat_kv`` does where torch's
+    attention lacks ``enable_gqa``: a calibrated region (its scale far from
+    one) that a capture with a dynamic batch size reads that size into."""
+
+    def __init__(self, width: int = 32, heads: int = 4, groups: int = 2) -> None:
+        super().__init__()
+        self.heads, self.groups = heads, groups
+        self.q = nn.Linear(width, width)
+        self.kv = nn.Linear(width, 2 * width // (heads // groups))
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch, tokens, _ = x.shape
+        q = self.q(x).view(batch, tokens, self.heads, -1).transpose(1, 2)
+        k, v = self.kv(x).view(batch, tokens, 2 * self.groups, -1).chunk(2, 2)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        k = k * 3.0 + torch.cat([-k[..., 1:], k[..., :1]], dim=-1)
+        repeat = self.heads // self.groups
+        k, v = (
+            t[:, :, None].expand(batch, self.groups, repeat, tokens, -1) for t in (k, v)
+        )
+        k = k.reshape(batch, self.heads, tokens, -1)
+        v = v.reshape(batch, self.heads, tokens, -1)
+        mixed = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out: Tensor = self.out(mixed.transpose(1, 2).reshape(batch, tokens, -1))
+        return out
+
+
+def test_a_region_that_reads_the_batch_size_keeps_its_calibration() -> None:
+    # Another batch size recaptures the model with a dynamic batch, which the
+    # region reads as an input: it must find its calibration from the first
+    # capture all the same, so that the first batch gives what it gave.
+    torch.manual_seed(0)
+    model = unit_scale(RepeatedKeys())
+    x = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(1))
+
+    def output_and_grads() -> list[Tensor]:
+        model.zero_grad()
+        out = model(x)
+        out.backward(torch.ones_like(out))
+        return [
+            out.detach(),
+            *(p.grad for p in model.parameters() if p.grad is not None),
+        ]
+
+    first = output_and_grads()
+    model(torch.randn(4, 8, 32))
+    for before, after in zip(first, output_and_grads(), strict=True):
+        torch.testing.assert_close(after, before, rtol=0, atol=0)
 
 
 def _zoo_params() -> list[Any]:

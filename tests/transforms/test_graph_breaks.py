@@ -12,8 +12,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import unit_scaling.functional as U
-from tests.helpers import parameter_grads, unit_backward
+from tests.helpers import BreaksInsideANestedCall, parameter_grads, unit_backward
+from unit_scaling._torch_internals import NESTED_GRAPH_BREAKS_WORK
 from unit_scaling.transforms import simulate_fp8, track_scales, unit_scale
+from unit_scaling.transforms._capture import dynamo as _dynamo
 
 WIDTH = 16
 
@@ -149,6 +151,32 @@ def test_torch_compile_with_graph_breaks() -> None:
     x = torch.randn(32, WIDTH)
     for _ in range(2):
         torch.testing.assert_close(compiled(x), reference(x))
+
+
+def test_a_break_inside_a_nested_call_is_captured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # On torch 2.11, whose nested graph breaks resume this forward with its
+    # locals mixed up (tests/test_torch_internals.py), the capture does without
+    # them. Where torch needs no workaround, it is forced as well, so that both
+    # ways of capturing stay tested.
+    layer = BreaksInsideANestedCall()
+    x = torch.randn(2, 4)
+    outputs = []
+    for nested in sorted({NESTED_GRAPH_BREAKS_WORK, False}):
+        monkeypatch.setattr(_dynamo, "NESTED_GRAPH_BREAKS_WORK", nested)
+        tracked = track_scales(layer)
+        torch.testing.assert_close(tracked(x), layer(x), rtol=0, atol=0)
+        graph = tracked.scales_graph()
+        names = {n.meta["clean_name"] for n in graph.nodes if "metrics" in n.meta}
+        assert {"linear.weight", "sin", "mul"} <= names, names  # both graphs
+        scaled = unit_scale(layer)
+        outputs.append(scaled(x))
+        report = scaled.unit_scale_report()
+        assert {"sin+mul", "mul"} <= {r.op for r in report.ops}, report  # both
+        assert not report.fallbacks, report
+    for output in outputs[1:]:
+        torch.testing.assert_close(output, outputs[0], rtol=0, atol=0)
 
 
 def test_transformers_logger_break_names_the_fix(

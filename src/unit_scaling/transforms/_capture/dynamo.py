@@ -42,7 +42,11 @@ from torch._dynamo.utils import counters
 from torch.fx import GraphModule
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from ..._torch_internals import NESTED_GRAPH_BREAKS_WORK, symint_hint
+from ..._torch_internals import (
+    NESTED_GRAPH_BREAKS_WORK,
+    PARAMETER_DATA_SWAPS_RECOMPILE,
+    symint_hint,
+)
 
 __all__ = [
     "UNTRACEABLE",
@@ -276,7 +280,14 @@ def capturing(non_recurse: Sequence[Callable[..., Any]]) -> Iterator[None]:
     Switch Transformers' first output took 10.8 s, now 8.4 s (a plain
     ``torch.compile(backend="eager")`` of that model: 9.9 s, now 8.3 s). Off on
     torch 2.11, whose nested graph breaks can mix up a frame's locals
-    (``NESTED_GRAPH_BREAKS_WORK``)."""
+    (``NESTED_GRAPH_BREAKS_WORK``). There too, the guards on the parameters'
+    tensors are kept, or a parameter given new data in place would go unseen
+    (``PARAMETER_DATA_SWAPS_RECOMPILE``)."""
+    guards: dict[str, Any] = (
+        {}
+        if PARAMETER_DATA_SWAPS_RECOMPILE
+        else {"skip_tensor_guards_with_matching_dict_tags": False}
+    )
     with (
         opaque_functions(non_recurse),
         torch._dynamo.config.patch(
@@ -286,6 +297,7 @@ def capturing(non_recurse: Sequence[Callable[..., Any]]) -> Iterator[None]:
             # FSDP2-sharded blocks of one class would otherwise share one graph,
             # but each has its own scales (u-μP's residual weight by depth).
             skip_fsdp_guards=False,
+            **guards,
         ),
     ):
         yield

@@ -117,7 +117,7 @@ def _calibrate_once(
     taken again by later captures with the same ``key`` (see
     :func:`capture_key`): one function whatever the batch, instead of
     stand-in draws that differ by a few percent from one batch size to another."""
-    inputs = region.inputs
+    inputs = _keyed_inputs(region, values)
     known = measured.get(key)
     if known is not None and len(known[0]) == len(region.outputs):
         rms, grads = known
@@ -131,6 +131,16 @@ def _calibrate_once(
             {position[n]: g for n, g in result.input_grad_rms.items() if n in position},
         )
     return result
+
+
+def _keyed_inputs(region: Region, values: GraphValues) -> list[Node]:
+    """``region``'s inputs but its sizes (Python numbers): a capture with
+    dynamic shapes passes as inputs the sizes (the batch of a ``repeat_kv``'s
+    ``expand``) that a static capture writes into its code, and the region must
+    have one key and one input order in both."""
+    return [
+        n for n in region.inputs if not isinstance(values.infos.get(n), (int, float))
+    ]
 
 
 def capture_key(
@@ -236,7 +246,8 @@ def calibrate_regions(
             )
         if not region.nodes or region.rearranges_only:
             continue
-        key = capture_key(module_path(anchor), op, region.inputs, values, seen)
+        inputs = _keyed_inputs(region, values)
+        key = capture_key(module_path(anchor), op, inputs, values, seen)
         result = _calibrate_once(gm, region, values, key, measured)
         if isinstance(result, str):
             region.skipped = result
