@@ -49,7 +49,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "parallel",
     ),
     "transforms": ("transforms", "float8", "export"),
-    "analysis": ("analysis", "utils", "zoo"),
+    "analysis": ("analysis", "monitor", "utils", "zoo"),
     "integrations": ("integrations",),
     "application": ("app", "__main__"),
 }
