@@ -88,6 +88,7 @@ from ..transforms import (
     load_checkpoint_record,
     tag_added_parameters,
 )
+from ._hf_monitor import MonitorCallback, add_monitor
 from ._models import base_model, made_by_unit_scale
 from .accelerate import Accelerator
 
@@ -100,7 +101,14 @@ except ImportError as error:  # pragma: no cover - exercised without the extra
         "pip install 'torch-unit-scaling[hf]'"
     ) from error
 
-__all__ = ["RECORD_FILE", "CausalLM", "UnitScalingMixin", "UnitScalingTrainer"]
+__all__ = [
+    "RECORD_FILE",
+    "CausalLM",
+    "MonitorCallback",
+    "UnitScalingMixin",
+    "UnitScalingTrainer",
+    "add_monitor",
+]
 
 logger = logging.getLogger(__name__)
 
