@@ -18,11 +18,18 @@ Example::
 
 from .coord_check import coord_check, coord_check_spread, plot_coord_check
 from .dataframe import graph_to_dataframe
+from .layer_heatmap import LayerPath, parse_layer_path, plot_layer_heatmap
 from .optimizer import format_optimizer_report, optimizer_report
 from .plot import plot
+from .training_scales import (
+    plot_fp8_fractions_over_training,
+    plot_scales_over_training,
+    read_scales,
+)
 from .visualiser import example_batch, language_model_loss, scales_graph, visualiser
 
 __all__ = [
+    "LayerPath",
     "coord_check",
     "coord_check_spread",
     "example_batch",
@@ -30,8 +37,13 @@ __all__ = [
     "graph_to_dataframe",
     "language_model_loss",
     "optimizer_report",
+    "parse_layer_path",
     "plot",
     "plot_coord_check",
+    "plot_fp8_fractions_over_training",
+    "plot_layer_heatmap",
+    "plot_scales_over_training",
+    "read_scales",
     "scales_graph",
     "visualiser",
 ]

@@ -15,6 +15,7 @@ from ..formats import FP8_E4M3, FP8_E5M2
 from ..transforms import Metrics, prune_non_float_tensors, prune_same_scale_tensors
 from ._graph import check_metric, tracked_nodes
 from ._optional import require_plot_extra
+from .layer_heatmap import plot_layer_heatmap
 
 if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn
     from matplotlib.axes import Axes
@@ -27,6 +28,9 @@ _FWD_COLOUR = "#1f6fb4"
 _BWD_COLOUR = "#e8710a"
 _BAD_COLOUR = "#c0392b"
 _LANE = 0.18  # vertical offset of the forward / backward marker within a row
+# Past this many rows a per-tensor plot is taller than a screen and its labels
+# blur; the per-layer heatmap shows the same tensors in a fraction of the space.
+_MAX_PER_TENSOR_ROWS = 120
 # Error bars span [abs_min, abs_max]: meaningful only for metrics of magnitude.
 _MAGNITUDE_METRICS = {"mean_abs", "abs_mean", "std", "abs_max", "abs_min"}
 # The normal ranges of the FP8 formats, shaded so that a marker's position shows
@@ -237,6 +241,7 @@ def plot(
     *,
     show_fp8_ranges: bool = True,
     ax: Axes | None = None,
+    per_tensor: bool | None = None,
 ) -> Axes:
     """Plot the scale of every tensor of a tracked model, forward and backward.
 
@@ -250,6 +255,10 @@ def plot(
     gradient (in the input's row). Shaded bands mark the normal ranges of FP8
     E4M3 and E5M2, and a vertical line marks 1, where a unit-scaled model keeps
     its tensors. A non-finite value is a red cross at the right edge.
+
+    A model with more than 120 such rows is drawn compactly instead, by
+    :func:`plot_layer_heatmap`: one row per op of a layer, one column per layer
+    (``per_tensor=True`` keeps one row per tensor).
 
     Args:
         graph: the graph returned by ``model.scales_graph()`` after
@@ -267,9 +276,14 @@ def plot(
         show_fp8_ranges: shade the FP8 normal ranges.
         ax: axes to draw on. Default: a new figure whose height grows with the
             number of rows.
+        per_tensor: one row per tensor (``True``) or the per-layer heatmap of
+            ``metric`` (``False``; it draws two panels, so ``ax`` must be
+            ``None``). Default: per tensor if there are at most 120 rows or
+            ``ax`` is given.
 
     Returns:
-        The :class:`matplotlib.axes.Axes` drawn on (``ax.figure.savefig(...)``).
+        The :class:`matplotlib.axes.Axes` drawn on (``ax.figure.savefig(...)``);
+        for the per-layer heatmap, its forward panel.
 
     Example::
 
@@ -288,6 +302,19 @@ def plot(
     if prune_same_scale:
         graph = prune_same_scale_tensors(graph)
     rows = _rows(graph, metric, show_zero_tensors)
+    if per_tensor is None:
+        per_tensor = ax is not None or len(rows) <= _MAX_PER_TENSOR_ROWS
+    if not per_tensor:
+        if ax is not None:
+            raise ValueError(
+                "plot: the per-layer heatmap (per_tensor=False) draws two panels "
+                "on a figure of its own; pass ax=None, or per_tensor=True to draw "
+                "one row per tensor into ax"
+            )
+        figure = plot_layer_heatmap(
+            graph, metric=metric, prune_same_scale=False, title=title
+        )
+        return figure.axes[0]
     own_figure = ax is None
     if ax is None:
         height = max(3.0, 0.19 * len(rows) + 1.6)

@@ -6,6 +6,9 @@ Subcommands:
   built-in corpus; writes plots and a report (see :mod:`unit_scaling.app.demo`).
 - ``report MODEL``: the tensor scales of a model before and after ``unit_scale``
   (see :mod:`unit_scaling.app.report`).
+- ``monitor-plots SOURCE``: heatmaps of tensor scales over a training run and
+  the FP8 fractions, from what ``unit_scaling.monitor`` recorded (see
+  :mod:`unit_scaling.app.monitor_plots`).
 - ``sweep``: u-μP's independent hyperparameter search on a small proxy decoder,
   resumable (see :mod:`unit_scaling.app.sweep`).
 """
@@ -16,7 +19,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from . import demo, report, sweep
+from . import demo, monitor_plots, report, sweep
 
 __all__ = ["main"]
 
@@ -27,6 +30,11 @@ def _demo(args: argparse.Namespace) -> None:
 
 def _report(args: argparse.Namespace) -> None:
     for path in report.run(args):
+        print(f"wrote {path}")
+
+
+def _monitor_plots(args: argparse.Namespace) -> None:
+    for path in monitor_plots.run(args):
         print(f"wrote {path}")
 
 
@@ -59,6 +67,13 @@ _COMMANDS: tuple[
         "scale plots and a table of a model's tensors before and after unit_scale",
     ),
     (
+        "monitor-plots",
+        monitor_plots.add_arguments,
+        _monitor_plots,
+        "heatmaps of tensor scales over training and the FP8 fractions, from a "
+        "table or TensorBoard log saved by unit_scaling.monitor",
+    ),
+    (
         "sweep",
         sweep.add_arguments,
         _sweep,
@@ -72,8 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; returns the exit status."""
     parser = argparse.ArgumentParser(
         prog="unit-scaling",
-        description="Unit scaling and u-μP for PyTorch: demo, scale reports and "
-        "u-μP's hyperparameter search.",
+        description="Unit scaling and u-μP for PyTorch: demo, scale reports, "
+        "plots of a training run's scales and u-μP's hyperparameter search.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     for name, add_arguments, handler, summary in _COMMANDS:

@@ -7,7 +7,9 @@ or ``zoo:<name>`` for any architecture of :mod:`unit_scaling.zoo` (run on its ow
 example inputs, with a unit-normal gradient on its output).
 The report is a scale plot for each version, a CSV of every tensor's statistics
 (including the fractions FP8 E4M3/E5M2 would overflow or flush to zero) and a
-markdown summary.
+markdown summary. A model with more than 120 tensors is plotted compactly, one
+row per op of a layer and one column per layer (``--per-tensor`` keeps a row
+per tensor).
 """
 
 from __future__ import annotations
@@ -127,6 +129,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--per-tensor",
+        action="store_true",
+        help="plot one row per tensor even for a big model (default: above 120 "
+        "tensors, a heatmap of each op of a layer by layer)",
+    )
 
 
 def _fraction_in_range(df: Any, low: float = 0.5, high: float = 2.0) -> float:
@@ -186,7 +194,11 @@ def run(args: argparse.Namespace) -> list[Path]:
         df = graph_to_dataframe(graph)
         df.insert(0, "version", version)
         frames.append(df)
-        ax = plot(graph, title=f"{args.model}: {version} unit_scale")
+        ax = plot(
+            graph,
+            title=f"{args.model}: {version} unit_scale",
+            per_tensor=True if args.per_tensor else None,
+        )
         path = args.out / f"scales_{version}.png"
         figure = ax.get_figure(root=True)
         assert figure is not None
