@@ -271,8 +271,9 @@ def test_bad_records_and_arguments_are_refused() -> None:
         load_checkpoint_record(model, {"format": 99})
     with pytest.raises(ValueError, match="got NoneType"):
         load_checkpoint_record(model, None)  # type: ignore[arg-type]
+    damaged = {"format": checkpoint_record(model)["format"], "regions": 3}
     with pytest.raises(ValueError, match="damaged"):
-        load_checkpoint_record(model, {"format": 1, "regions": 3})
+        load_checkpoint_record(model, damaged)
     with pytest.raises(ValueError, match="not made by unit_scale"):
         checkpoint_record(nn.Linear(2, 2))
     with pytest.raises(TypeError, match=r"nn\.Module"):

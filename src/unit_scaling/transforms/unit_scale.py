@@ -223,7 +223,7 @@ def checkpoint_record(module: nn.Module) -> dict[str, Any]:
         >>> model = unit_scale(nn.Sequential(nn.Linear(16, 16), nn.GELU()))
         >>> _ = model(torch.randn(4, 16))
         >>> checkpoint_record(model)["format"]
-        1
+        2
     """
     return encode(unit_pass_of(module, "checkpoint_record").record())
 

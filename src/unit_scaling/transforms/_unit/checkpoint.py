@@ -45,7 +45,7 @@ __all__ = [
 # The key under which the record is stored (metadata, config attribute).
 KEY = "unit_scaling"
 # Version of the record's layout; a record of another format is refused.
-FORMAT = 1
+FORMAT = 2  # 2: parameter-gradient scales keyed by input shapes too
 
 # A region's calibration in a form another capture of it can take: the RMS of
 # each output, and of each input's gradient by the input's position.

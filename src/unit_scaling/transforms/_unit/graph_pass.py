@@ -116,8 +116,9 @@ class UnitScalingPass(CapturePass):
         self._at_setup: dict[int, tuple[weakref.ref[Tensor], tuple[str, ...]]] = {}
         self.setup_shapes: dict[str, tuple[int, ...]] = dict(setup_shapes or {})
         self.added: set[str] = set(added or ())
-        # Calibrated parameter-gradient scales, by parameter name: measured at the
-        # first capture that uses a parameter and reused by later ones.
+        # Calibrated parameter-gradient scales, by parameter name and the
+        # shapes of its graph's inputs beyond the batch dimension (as a cut
+        # vertex's): measured at the first capture of each and reused.
         self.grad_scales: dict[str, float] = dict(grad_scales or {})
         # u-μP tags by parameter name (every alias of a tied parameter).
         self.report = UnitScaleReport(tags=dict(tags or {}))
@@ -225,14 +226,38 @@ class UnitScalingPass(CapturePass):
         readable: dict[Node, str],
     ) -> None:
         """Bring gradients to unit scale where the rules leave their scale free
-        (see ``gradients``): cut vertices, measured at every capture, and
-        parameters, measured at the first capture that uses them and reused."""
+        (see ``gradients``) at cut vertices and parameters, measured at the
+        first capture of the shapes of the graph's inputs beyond their batch
+        dimension and reused by later ones: one function at any input, whatever
+        shapes came first."""
         graph = gm.graph
-        for node, name in readable.items():
-            factor = self.grad_scales.get(name, 1.0)
+        # A gradient depends on what is summed downstream of it (the tokens of
+        # a sequence or an image of another size, of a broadcast conditioning
+        # vector): each scale is keyed by the shapes of the graph's inputs
+        # beyond their batch dimension, its activations and the tensors the
+        # caller passed (token ids).
+        placeholders = zip(
+            graph.find_nodes(op="placeholder"), context.example_inputs, strict=False
+        )
+        inputs = [
+            node
+            for node, value in placeholders
+            if values.kind(node) is Kind.DATA
+            or (isinstance(value, Tensor) and id(value) in context.call_inputs)
+        ]
+        named = {
+            node: key_to_text(capture_key(name, "parameter", inputs, values, Counter()))
+            for node, name in readable.items()
+        }
+        for node, key in named.items():
+            factor = self.grad_scales.get(key, 1.0)
             if factor != 1:
                 scale_gradient(graph, node, factor)
-        new = [n for n in readable if readable[n] not in self.grad_scales]
+        new = [n for n in readable if named[n] not in self.grad_scales]
+
+        def scales() -> dict[str, float]:
+            return {readable[n]: self.grad_scales.get(k, 1.0) for n, k in named.items()}
+
         cuts, ancestors = cut_vertices(graph, values)
         # Only where an op with a rule or a calibrated region hands over a tensor:
         # inside a region, a correction would fight the region's own scale.
@@ -242,12 +267,6 @@ class UnitScalingPass(CapturePass):
             if n.op == "call_function"
             and n.target in OURS
             and n.target not in (scale_bwd, broadcast_gradient, repeated_gradient)
-        ]
-        # A vertex's gradient depends on what is summed downstream of it (the
-        # tokens of a broadcast conditioning vector): keyed by the shapes of
-        # the graph's data inputs too, beyond their batch dimension.
-        inputs = [
-            n for n in graph.find_nodes(op="placeholder") if values.kind(n) is Kind.DATA
         ]
         seen: Counter[Any] = Counter()
         keys = {
@@ -268,12 +287,12 @@ class UnitScalingPass(CapturePass):
                 v: factor for v in cuts if (factor := self.cut_scales[keys[v]]) != 1
             }
             self._correct_cuts(graph, values, known)
-            self._report_grad_scales()
+            self._report_grad_scales(scales())
             return
         measured = calibrate_gradients(gm, context, values, cuts)
         if isinstance(measured, str):
             fell_back("gradient calibration", type(context.module).__name__, measured)
-            self.grad_scales.update((readable[n], 1.0) for n in new)
+            self.grad_scales.update((named[n], 1.0) for n in new)
             return
         position = {n: i for i, n in enumerate(graph.nodes)}
         _drop_non_finite(measured, readable)
@@ -317,16 +336,17 @@ class UnitScalingPass(CapturePass):
                     readable[node],
                     factor,
                 )
-            self.grad_scales[readable[node]] = factor
-        self._report_grad_scales()
+            self.grad_scales[named[node]] = factor
+        self._report_grad_scales(scales())
 
-    def _report_grad_scales(self) -> None:
-        records = self.report.parameters
-        for i, record in enumerate(records):
-            if record.name in self.grad_scales:
-                records[i] = dataclasses.replace(
-                    record, grad_scale=self.grad_scales[record.name]
-                )
+    def _report_grad_scales(self, scales: dict[str, float]) -> None:
+        """Give each parameter's latest record (this capture's) its scale."""
+        records, left = self.report.parameters, dict(scales)
+        for i in reversed(range(len(records))):
+            if not left:
+                break
+            if (factor := left.pop(records[i].name, None)) is not None:
+                records[i] = dataclasses.replace(records[i], grad_scale=factor)
 
     def _correct_cuts(
         self, graph: Graph, values: GraphValues, corrections: dict[Node, float]

@@ -44,6 +44,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.fx import Graph, Node
 
@@ -86,8 +87,12 @@ _NORM_BIAS_POSITION = {
 }
 _BIAS_ARGUMENT = {U.linear: 2, U.linear_readout: 2}
 _MULTIPLY = {operator.mul, operator.truediv, torch.mul, torch.div, "mul", "div"}
-_ADD = {operator.add, operator.sub, torch.add, torch.sub, "add", "sub"}
+_ADD = {operator.add, operator.sub, torch.add, torch.sub, U.add, "add", "sub"}
 _JOIN = {torch.cat, torch.concat, torch.stack}
+# Ops that resample their input's values: Hugging Face's vision transformers
+# interpolate their position table to an image of another size than their
+# config's (see _consumers).
+_RESAMPLING = {U.interpolate, F.interpolate}
 
 
 def _layer_weights(module: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -151,23 +156,55 @@ def unit_init_layers(module: nn.Module, skip: set[int] | None = None) -> set[int
     return done
 
 
-def _consumers(node: Node, values: GraphValues) -> Iterable[tuple[Node, Node]]:
+def _consumers(
+    node: Node, values: GraphValues, resampled: bool = False
+) -> Iterable[tuple[Node, Node]]:
     """``(consumer, input)`` pairs: where a parameter, through rearrangements of
-    parameters only, enters an op that is not such a rearrangement."""
+    parameters only, enters an op that is not such a rearrangement.
+
+    With ``resampled``, also through resamplings of the parameter's values and
+    rearrangements of those, as long as what they read is computed from the
+    parameter alone: a position table sliced, interpolated to another image
+    size and joined again is still the table (an interpolation has a rule, so
+    :mod:`.values` counts what it computes as an activation). A model resamples
+    its table only at some shapes, and a parameter must find the same role at
+    whichever shape it is first captured (its value is set then).
+    """
+    candidates: dict[Node, None] = {}  # ordered sets
     frontier = [node]
-    seen: set[Node] = set()
     while frontier:
-        current = frontier.pop()
-        for user in current.users:
-            if user in seen:
-                continue
-            seen.add(user)
-            if values.kind(user) is Kind.PARAM and (
-                is_rearrangement(user) or user.target is operator.getitem
-            ):
+        for user in frontier.pop().users:
+            if user not in candidates and _passes_values(user, values, resampled):
+                candidates[user] = None
                 frontier.append(user)
-            else:
+    # A join of the parameter's values with an activation computed otherwise is
+    # where the parameter is used: a candidate stays only if every activation
+    # it reads is derived (sweeps until none is added: joins come in any order).
+    derived = {node: None}
+    grown = True
+    while grown:
+        size = len(derived)
+        for user in candidates:
+            if user not in derived and all(
+                a in derived or not values.is_data(a) for a in user.all_input_nodes
+            ):
+                derived[user] = None
+        grown = len(derived) > size
+    seen = set(derived)
+    for current in derived:
+        for user in current.users:
+            if user not in seen:
+                seen.add(user)
                 yield user, current
+
+
+def _passes_values(user: Node, values: GraphValues, resampled: bool) -> bool:
+    """Whether ``user`` hands on the values of its parameter input (see
+    :func:`_consumers`)."""
+    rearranges = is_rearrangement(user) or user.target is operator.getitem
+    if values.kind(user) is Kind.PARAM and rearranges:
+        return True
+    return resampled and (rearranges or user.target in _RESAMPLING)
 
 
 def _role_at(consumer: Node, via: Node, values: GraphValues) -> str:
@@ -219,7 +256,10 @@ def graph_roles(
     docstring); ``names`` gives each placeholder's readable name."""
     roles: dict[Node, str] = {}
     for node in names:
-        found = {_role_at(c, via, values) for c, via in _consumers(node, values)}
+        found = {
+            _role_at(c, via, values)
+            for c, via in _consumers(node, values, resampled=True)
+        }
         roles[node] = next((r for r in _PRIORITY if r in found), "other")
     return roles
 
