@@ -12,6 +12,7 @@ from . import (
     float8,
     float8_ops,
     formats,
+    monitor,
     op_counts,
     train_step,
     trainer_step,
@@ -34,6 +35,8 @@ SECTIONS = {
     ),
     # Casts, transposes and copies per FP8 linear per step: counts, no timing.
     "float8_ops": lambda quick: float8_ops.run(),
+    # The scale monitor's cost: quiet, recording and average steps.
+    "monitor": lambda quick: monitor.run(rounds=4 if quick else 20),
     # Hugging Face Trainer: UnitScalingTrainer's step against a stock Trainer's.
     "trainer_step": lambda quick: trainer_step.run(rounds=3 if quick else 20),
 }

@@ -653,3 +653,26 @@ def test_the_trainer_step_section_reports_its_ratio(
     assert "Hugging Face Trainer" in lines[0]
     ratio, low, high = _ratios(lines, "Trainer step, eager")
     assert 0 < low <= ratio <= high  # (no bound on timing: the load varies)
+
+
+def test_the_monitor_section_reports_every_model_and_ratio(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("transformers")
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import monitor
+
+    for name, value in (("HIDDEN", 32), ("SEQ", 16), ("BATCH", 2), ("LAYERS", 1)):
+        monkeypatch.setattr(monitor, name, value)
+    rows = {row[0]: row[1:] for row in monitor.measure(rounds=2)}
+    assert set(rows) == {
+        "u-μP decoder, eager",
+        "u-μP decoder, compiled",
+        "unit_scale GPT-2, eager",
+    }
+    for label, (plain, quiet, recording, average, memory) in rows.items():
+        assert float(plain) > 0 and float(quiet) > 0 and float(recording) > 0
+        # the average is the every=100 mix of the two measured ratios
+        mixed = (99 * float(quiet) + float(recording)) / 100
+        assert float(average) == pytest.approx(mixed, abs=1e-3), label
+        assert (memory == "-") == (label != "u-μP decoder, eager"), label
