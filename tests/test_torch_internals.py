@@ -331,3 +331,38 @@ def test_the_lanczos_flag_matches_interpolate() -> None:
     except (ValueError, NotImplementedError):  # torch 2.11: an unknown mode
         has_lanczos = False
     assert internals.INTERPOLATE_HAS_LANCZOS is has_lanczos
+
+
+def test_node_replacements_calls_the_hook_per_user_given_another_node() -> None:
+    # GraphModule._register_replace_node_hook / _unregister_replace_node_hook
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    a = graph.call_function(torch.relu, (x,))
+    b = graph.call_function(torch.neg, (a,))
+    c = graph.call_function(torch.exp, (a,))
+    graph.output((b, c))
+    gm = GraphModule(nn.Module(), graph)
+    seen: list[tuple[str, str, str]] = []
+    with internals.node_replacements(
+        gm, lambda old, new, user: seen.append((old.name, new, user.name))
+    ):
+        with graph.inserting_after(a):
+            s = graph.call_function(torch.sigmoid, (a,))
+        a.replace_all_uses_with(s, delete_user_cb=lambda user: user is not s)
+        c.replace_input_with(s, x)
+    b.replace_input_with(s, x)  # (after the block: not seen)
+    assert seen == [
+        ("relu", "sigmoid", "neg"),
+        ("relu", "sigmoid", "exp"),
+        ("sigmoid", "x", "exp"),
+    ]
+
+
+def test_is_fake_tensor_tells_dynamos_stand_ins() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = torch.ones(2)
+    assert internals.is_fake_tensor(fake)
+    assert not internals.is_fake_tensor(torch.ones(2))
+    assert not internals.is_fake_tensor(None)

@@ -12,15 +12,18 @@ Importing the package runs :func:`check_torch_version` before anything else.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx import GraphModule, Node
 
 # Type aliases of torch.nn's constructor arguments: an int or a tuple of n ints.
 from torch.nn.common_types import _size_1_t as size_1_t
@@ -63,8 +66,10 @@ __all__ = [
     "fsdp_unsharded_parameters",
     "functorch_transforms_active",
     "graph_capture_health_check",
+    "is_fake_tensor",
     "is_functorch_wrapped_tensor",
     "mha_packed_projection",
+    "node_replacements",
     "onednn_enabled",
     "pytree",
     "scaled_mm",
@@ -163,6 +168,30 @@ def is_functorch_wrapped_tensor(t: Tensor) -> bool:
     memory is not its own elements."""
     wrapped: bool = torch._C._functorch.is_functorch_wrapped_tensor(t)
     return wrapped
+
+
+def is_fake_tensor(value: Any) -> bool:
+    """Whether ``value`` is a FakeTensor: TorchDynamo runs each function it
+    records as one graph node once on such stand-ins, while it traces, to learn
+    what the call returns."""
+    return isinstance(value, FakeTensor)
+
+
+@contextlib.contextmanager
+def node_replacements(
+    gm: GraphModule, hook: Callable[[Node, str, Node], object]
+) -> Iterator[None]:
+    """Call ``hook(old, new_name, user)`` whenever, in ``gm``'s graph, a user of
+    node ``old`` is given the node named ``new_name`` instead
+    (``replace_all_uses_with`` and ``replace_input_with`` call it once per user,
+    before the change; a rename of ``old`` calls it with its new name), for
+    this block (``GraphModule._register_replace_node_hook``, the hook FX's
+    own passes use to follow a node they rewrite)."""
+    gm._register_replace_node_hook(hook)
+    try:
+        yield
+    finally:
+        gm._unregister_replace_node_hook(hook)
 
 
 # torch 2.11 only: Dynamo turns a custom autograd Function into a forward graph

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from .._torch_internals import pytree
 from ._alerts import AlertPolicy, Alerts
 from ._guard import NonFiniteError, first_nonfinite_module
+from ._observe import add_site, observe_activation
 from ._statistics import finalize, merge_raw, raw_statistics, reduce_over_processes
 
 if TYPE_CHECKING:
@@ -98,9 +99,11 @@ class Monitor:
     Attach it before the model's first call and before ``torch.compile``: a
     compiled model then has two graphs (recording or not) and is not compiled
     again. A model transformed by :func:`~unit_scaling.transforms.unit_scale`
-    (or another transform) runs as captured graphs in which module hooks do not
-    fire: its parameters are recorded, its activations are not (a warning says
-    so).
+    (or another transform) records each module's output as the transformed
+    graph uses it (after the calibrated scale ``unit_scale`` may give it), and
+    its gradient; its graphs are captured once whatever the step. Under a
+    transform that compiles its graphs (``transforms.compile``), activations are
+    not recorded (a warning says so).
 
     The loss is checked for ``inf``/NaN at every step (the model's own loss
     output, or what :meth:`check_loss` is given): when it is not finite, the
@@ -297,25 +300,40 @@ class Monitor:
         self._pending.setdefault((tensor, kind), []).append(raw)
 
     def _forward_hook(self, name: str) -> Callable[..., None]:
-        gradient_hook = self._gradient_hook(name)
+        site = add_site(self, name)
 
         def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if not self._recording or not torch.is_grad_enabled():
-                return  # (evaluation, without gradients, is not a step)
-            self._hooks_fired = True
+            compiling = torch.compiler.is_compiling()
+            if not (compiling or self._recording):
+                return
             tensor = _first_float_tensor(output)
             if tensor is None:
                 return
-            if "activation" in self.kinds:
-                self._add(name, "activation", tensor)
-            if torch.compiler.is_compiling():
-                # A hook on an intermediate tensor of a compiled graph would
-                # break the graph: compiled, activation gradients go unrecorded.
-                self._compiled = True
-            elif "activation_grad" in self.kinds and tensor.requires_grad:
-                tensor.register_hook(gradient_hook)  # type: ignore[no-untyped-call]
+            if compiling:
+                # Traced: by torch.compile (into observe), or by a transform's
+                # capture (one node of its graph, run with the graph).
+                observe_activation(tensor, site)
+            else:
+                self.observe(name, tensor)
 
         return hook
+
+    def observe(self, name: str, tensor: Tensor) -> None:
+        """Record ``tensor`` as the output of module ``name``, and its gradient,
+        on a recording step with gradients enabled: what each observed
+        module's forward hook does (compiled by ``torch.compile``, without the
+        gradient)."""
+        if not self._recording or not torch.is_grad_enabled():
+            return  # (evaluation, without gradients, is not a step)
+        self._hooks_fired = True
+        if "activation" in self.kinds:
+            self._add(name, "activation", tensor)
+        if torch.compiler.is_compiling():
+            # A hook on an intermediate tensor of a compiled graph would
+            # break the graph: compiled, activation gradients go unrecorded.
+            self._compiled = True
+        elif "activation_grad" in self.kinds and tensor.requires_grad:
+            tensor.register_hook(self._gradient_hook(name))  # type: ignore[no-untyped-call]
 
     def _gradient_hook(self, name: str) -> Callable[[Tensor], None]:
         def hook(grad: Tensor) -> None:
@@ -411,9 +429,10 @@ class Monitor:
             ):
                 self._warned_no_hooks = True
                 logger.warning(
-                    "unit_scaling.monitor: the model runs as a transformed graph, "
-                    "in which module hooks do not fire: its activations and their "
-                    "gradients are not recorded, its parameters are"
+                    "unit_scaling.monitor: the model runs as a transformed graph "
+                    "that is compiled (transforms.compile), in which module hooks "
+                    "do not run: its activations and their gradients are not "
+                    "recorded, its parameters are"
                 )
             if self._compiled and not self._warned_compiled:
                 self._warned_compiled = True

@@ -50,7 +50,7 @@ from torch import Tensor, nn
 from torch.fx import GraphModule
 
 from ..._torch_internals import fsdp_unsharded_parameters, pytree
-from . import dynamo
+from . import dynamo, observers
 from .fallbacks import fell_back
 from .library import LibraryRewrite, Prepared, prepare
 from .replay import InputSpec, Replay, input_specs, record, signature_key
@@ -231,7 +231,10 @@ class TransformConfig:
 
     @property
     def non_recurse(self) -> tuple[Callable[..., Any], ...]:
-        return tuple(dict.fromkeys(f for t in self.transforms for f in t.non_recurse))
+        """The functions Dynamo records as single calls: every transform's, and
+        the observers (``observers.OBSERVERS``)."""
+        functions = (f for t in self.transforms for f in t.non_recurse)
+        return tuple(dict.fromkeys((*functions, *observers.OBSERVERS)))
 
 
 @dataclasses.dataclass
@@ -327,12 +330,25 @@ def transform_state(module: nn.Module) -> RunState | None:
 def _run_passes(
     state: RunState, gm: GraphModule, context: CaptureContext
 ) -> GraphModule:
+    # Observers (a monitor's hooks, traced into the graph) are out of the
+    # passes' sight, and go back after the values they observe.
+    detached = observers.detach(gm.graph)
     for label, graph_pass in state.passes:
         logger.info("running %s", label)
-        if isinstance(graph_pass, CapturePass):
-            gm = graph_pass(gm, context)
-        else:
-            gm = graph_pass(gm)
+        with detached.watching(gm):
+            if isinstance(graph_pass, CapturePass):
+                gm = graph_pass(gm, context)
+            else:
+                gm = graph_pass(gm)
+        detached.follow(gm)
+    backend = state.config.backend
+    if backend is None:
+        detached.reattach(gm.graph)
+    else:
+        detached.drop(
+            f"{backend[0]} compiles the graph, and observers run only in a graph "
+            "that runs eagerly"
+        )
     gm.graph.lint()
     gm.recompile()
     return gm
