@@ -54,7 +54,7 @@ def test_two_processes_record_the_global_batch() -> None:
     two = ranks[0]
     assert set(two) == set(one)
     for key, value in one.items():
-        tensor, kind, statistic = key
+        _, kind, _ = key
         if kind == "activation_grad":
             continue  # each process's own loss: see below
         assert two[key] == pytest.approx(value, rel=1e-5, abs=1e-12), key

@@ -16,7 +16,13 @@ from .._torch_internals import pytree
 from ._alerts import AlertPolicy, Alerts
 from ._guard import NonFiniteError, first_nonfinite_module
 from ._observe import add_site, observe_activation
-from ._statistics import finalize, merge_raw, raw_statistics, reduce_over_processes
+from ._statistics import (
+    finalize,
+    merge_raw,
+    raw_statistics,
+    read_back,
+    reduce_over_processes,
+)
 
 if TYPE_CHECKING:
     import pandas  # type: ignore[import-untyped,unused-ignore]
@@ -457,18 +463,19 @@ class Monitor:
         return f"{self._types.get(owner, 'model')}.{leaf}"
 
     def _record(self, pending: Mapping[_Key, list[Tensor]]) -> None:
-        groups: dict[_Key, list[Tensor]] = collections.defaultdict(list)
+        groups: dict[_Key, list[int]] = collections.defaultdict(list)
+        vectors: list[Tensor] = []
         for (tensor, kind), raws in pending.items():
-            groups[(self._group(tensor, kind), kind)].extend(raws)
+            group = groups[(self._group(tensor, kind), kind)]
+            for raw in raws:
+                group.append(len(vectors))
+                vectors.append(raw)
+        device = vectors[0].device
+        rows = read_back(vectors)
         keys = list(groups)
-        device = next(iter(groups.values()))[0].device
-        merged = torch.stack(
-            [merge_raw(torch.stack([r.to(device) for r in groups[k]])) for k in keys]
-        )
-        merged = reduce_over_processes(merged)
-        values = {
-            key: finalize(raw) for key, raw in zip(keys, merged.tolist(), strict=True)
-        }
+        merged = [merge_raw([rows[i] for i in groups[key]]) for key in keys]
+        merged = reduce_over_processes(merged, device)
+        values = {key: finalize(raw) for key, raw in zip(keys, merged, strict=True)}
         for (tensor, kind), stats in values.items():
             if kind == "update":
                 weight = values.get((tensor, "weight"))

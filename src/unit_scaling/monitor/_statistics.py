@@ -31,16 +31,21 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..formats import FP8_E4M3, FP8_E5M2, FPFormat
+from ..transforms._tracking.statistics import RAW_FIELDS as TRACKING_FIELDS
+from ..transforms._tracking.statistics import raw_statistics as tracking_statistics
 
 __all__ = [
     "FORMATS",
+    "PASS_SIZE",
     "RAW_SIZE",
     "STATISTICS",
     "finalize",
     "merge_raw",
     "raw_statistics",
+    "read_back",
     "reduce_over_processes",
     "tensor_statistics",
+    "to_raw",
 ]
 
 FORMATS: dict[str, FPFormat] = {
@@ -66,35 +71,51 @@ _LIMITS = [
 # (saturated, flushed) pair of counts per format]. All but abs_max add.
 _ABS_MAX = 3
 RAW_SIZE = 4 + 2 * len(FORMATS)
+# What ``track_scales``' one-pass kernel gives (its RAW_FIELDS), then the
+# number of elements: a "pass" vector.
+PASS_SIZE = len(TRACKING_FIELDS) + 1
 
 
 def raw_statistics(tensor: Tensor, scale: float = 1.0) -> Tensor:
-    """The sums and counts of ``tensor`` that :func:`finalize` reads, as a
-    float64 tensor of :data:`RAW_SIZE` on the tensor's device.
+    """The sums and counts of ``tensor`` that :func:`finalize` reads (after
+    :func:`to_raw`), as a float64 tensor on the tensor's device.
 
-    ``scale`` is what the tensor is multiplied by when cast to a low-precision
-    format (a static FP8 scale; 1 for a unit-scaled tensor, or one that is not
-    scaled): the saturating and flushing fractions are those of
-    ``tensor * scale``. Nothing is read back to the host.
+    With ``scale`` 1 this is one pass of ``track_scales``' kernel (a C++ pass on
+    the CPU, fused torch ops elsewhere): a :data:`PASS_SIZE` vector. With
+    another scale (what the tensor is multiplied by when cast to low
+    precision), the counts are those of ``tensor * scale``, from separate torch
+    ops: a :data:`RAW_SIZE` vector. Nothing is read back to the host.
     """
+    if tensor.numel() == 0:
+        return torch.zeros(RAW_SIZE, dtype=torch.float64, device=tensor.device)
+    if scale == 1:
+        return _one_pass(tensor)
+    return _scaled(tensor, scale)
+
+
+def _one_pass(tensor: Tensor) -> Tensor:
+    out = tracking_statistics(tensor)
+    numel = torch.full((1,), float(tensor.numel()), dtype=torch.float64)
+    return torch.cat([out, numel.to(out.device, non_blocking=True)])
+
+
+def _scaled(tensor: Tensor, scale: float) -> Tensor:
     magnitude = tensor.detach().abs()
     if magnitude.dtype not in (torch.float32, torch.float64):
         magnitude = magnitude.float()
-    if magnitude.numel() == 0:
-        return torch.zeros(RAW_SIZE, dtype=torch.float64, device=tensor.device)
     finite = magnitude.isfinite()
     finite_part = torch.where(finite, magnitude, 0.0)
     # Squares summed in float64: float32 squares overflow past 1.8e19.
     sum_squares = torch.linalg.vector_norm(finite_part, dtype=torch.float64).square()
     abs_max = magnitude.masked_fill(magnitude.isnan(), 0.0).amax()
-    cast = magnitude if scale == 1 else magnitude * scale
+    cast = magnitude * scale
     nonzero = cast > 0
     counts = [finite.sum()]
     for largest, flush in _LIMITS:
         counts.append((cast > largest).sum())
         counts.append((nonzero & (cast <= flush)).sum())
-    numel = torch.tensor(
-        [float(tensor.numel())], dtype=torch.float64, device=tensor.device
+    numel = torch.full(
+        (1,), float(tensor.numel()), dtype=torch.float64, device=tensor.device
     )
     rest = torch.stack(counts).double()
     return torch.cat(
@@ -102,30 +123,69 @@ def raw_statistics(tensor: Tensor, scale: float = 1.0) -> Tensor:
     )
 
 
-def merge_raw(raws: Tensor) -> Tensor:
-    """One raw vector from a stack of them (``(n, RAW_SIZE)``): the statistics
-    of all their tensors taken together."""
-    merged = raws.sum(0)
-    merged[_ABS_MAX] = raws[:, _ABS_MAX].amax()
+def to_raw(values: list[float]) -> list[float]:
+    """A vector of :func:`raw_statistics`, read back to the host, as the
+    additive raw vector (a pass vector converted; a raw one as it is)."""
+    if len(values) == RAW_SIZE:
+        return values
+    v = dict(zip(TRACKING_FIELDS, values, strict=False))
+    numel = values[-1]
+    finite = v["finite"]
+    return [
+        numel,
+        finite,
+        v["m2"] + finite * v["mean"] ** 2,
+        v["abs_max"],
+        v["e4m3_over"],
+        v["e4m3_flush"] - v["zeros"],
+        v["e5m2_over"],
+        v["e5m2_flush"] - v["zeros"],
+        v["fp16_over"],
+        v["fp16_flush"] - v["zeros"],
+    ]
+
+
+def merge_raw(raws: list[list[float]]) -> list[float]:
+    """One raw vector from several (host lists): the statistics of all their
+    tensors taken together."""
+    merged = [sum(column) for column in zip(*raws, strict=True)]
+    merged[_ABS_MAX] = max(raw[_ABS_MAX] for raw in raws)
     return merged
 
 
-def reduce_over_processes(raws: Tensor) -> Tensor:
-    """Rows of raw vectors (``(n, RAW_SIZE)``), each summed over the processes
-    of ``torch.distributed`` (its abs max the largest), on the CPU. Summing is
-    right for sharded and replicated tensors alike: a replicated tensor counts
-    each element once per process, which no statistic sees."""
+def read_back(vectors: list[Tensor]) -> list[list[float]]:
+    """Vectors of :func:`raw_statistics` (any devices) as additive raw vectors
+    on the host, with one read back per device and kind of vector."""
+    out: list[list[float] | None] = [None] * len(vectors)
+    batches: dict[tuple[torch.device, int], list[int]] = {}
+    for i, v in enumerate(vectors):
+        batches.setdefault((v.device, v.numel()), []).append(i)
+    for indices in batches.values():
+        rows = torch.stack([vectors[i] for i in indices]).tolist()
+        for i, row in zip(indices, rows, strict=True):
+            out[i] = to_raw(row)
+    return [row for row in out if row is not None]
+
+
+def reduce_over_processes(
+    raws: list[list[float]], device: torch.device
+) -> list[list[float]]:
+    """Raw vectors, each summed over the processes of ``torch.distributed`` (its
+    abs max the largest), communicated on ``device``. Summing is right for
+    sharded and replicated tensors alike: a replicated tensor counts each
+    element once per process, which no statistic sees."""
     if not (dist.is_available() and dist.is_initialized()):
-        return raws.cpu()
-    if dist.get_world_size() == 1:
-        return raws.cpu()
-    sums = raws.clone()
+        return raws
+    if dist.get_world_size() == 1 or not raws:
+        return raws
+    sums = torch.tensor(raws, dtype=torch.float64, device=device)
+    maxima = sums[:, _ABS_MAX].contiguous()
     sums[:, _ABS_MAX] = 0
-    maxima = raws[:, _ABS_MAX].contiguous()
     dist.all_reduce(sums)
     dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
     sums[:, _ABS_MAX] = maxima
-    return sums.cpu()
+    result: list[list[float]] = sums.tolist()
+    return result
 
 
 def finalize(raw: list[float]) -> dict[str, float]:
@@ -167,4 +227,4 @@ def tensor_statistics(tensor: Tensor, scale: float = 1.0) -> dict[str, float]:
         raise ValueError(
             f"tensor_statistics: scale must be a positive finite number, got {scale!r}"
         )
-    return finalize(raw_statistics(tensor, scale).tolist())
+    return finalize(to_raw(raw_statistics(tensor, scale).tolist()))

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..._kernels import CompiledKernels, NativeKernel, in_memory, native_threads
-from ...formats import FP8_E4M3, FP8_E5M2
+from ...formats import FP8_E4M3, FP8_E5M2, FPFormat
 
 __all__ = ["RAW_FIELDS", "raw_statistics", "row_layout"]
 
@@ -28,6 +28,8 @@ _E5M2_MAX, _E5M2_FLUSH = (
     FP8_E5M2.max_absolute_value,
     FP8_E5M2.min_absolute_subnormal / 2,
 )
+_FP16 = FPFormat(5, 10)
+_FP16_MAX, _FP16_FLUSH = _FP16.max_absolute_value, _FP16.min_absolute_subnormal / 2
 
 # The raw accumulators, in order (``_metrics.finalize`` reads them). The mean
 # and the sum of squared deviations are of the finite elements: the C++ kernel
@@ -54,6 +56,8 @@ RAW_FIELDS = (
     "e5m2_flush",
     "zeros",
     "infs",
+    "fp16_over",  # count |x| > FP16 max (what the scale monitor reports)
+    "fp16_flush",  # count |x| <= FP16 flush threshold (zeros included)
 )
 # (the fields the native kernel sums in float, and the largest magnitude)
 _SUMS = [RAW_FIELDS.index(f) for f in ("mean", "m2", "sum", "sum_abs")]
@@ -73,7 +77,9 @@ constexpr int64_t kBlock = 1024;  // elements summed in float before float64
 // Fetching 4 KiB ahead makes a tensor fresh from a matmul (not all of it in
 // cache) read ~1.7x faster on the CPUs we measured.
 constexpr int64_t kPrefetch = 1024;
-enum Count { kAbove4, kAbove5, kFlush4, kFlush5, kZeros, kInfs, kCounts };
+enum Count {
+  kAbove4, kAbove5, kFlush4, kFlush5, kZeros, kInfs, kAbove16, kFlush16, kCounts
+};
 
 inline void prefetch(const float* address) {
 #if defined(__GNUC__) || defined(__clang__)
@@ -98,6 +104,7 @@ struct Partial {
 inline void add_block(const float* x, int64_t n, Partial& p) {
   const V inf(std::numeric_limits<float>::infinity()), one(1.0f), zero(0.0f);
   const V e4(E4M3_MAX), e5(E5M2_MAX), e4f(E4M3_FLUSH), e5f(E5M2_FLUSH);
+  const V h(FP16_MAX), hf(FP16_FLUSH);
   __at_align__ float tail[V::size()];
   const int64_t full = n - n % V::size();
   if (full < n) {  // padding with NaN leaves every statistic unchanged
@@ -170,10 +177,13 @@ inline void add_block(const float* x, int64_t n, Partial& p) {
     p.counts[kAbove4] += count([&](V a) { return a > e4; });
     p.counts[kAbove5] += count([&](V a) { return a > e5; });
     p.counts[kInfs] += count([&](V a) { return a == inf; });
+    if (block_max > FP16_MAX) p.counts[kAbove16] += count([&](V a) { return a > h; });
   }
   if (block_min <= E5M2_FLUSH) {
     p.counts[kFlush5] += count([&](V a) { return a <= e5f; });
     p.counts[kZeros] += count([&](V a) { return a == zero; });
+    if (block_min <= FP16_FLUSH)
+      p.counts[kFlush16] += count([&](V a) { return a <= hf; });
   }
 }
 }  // namespace
@@ -213,7 +223,8 @@ extern "C" void kernel(const float* x, double* out, int64_t rows, int64_t cols,
   const double fields[] = {
       all.finite, all.mean, all.m2, all.sum, all.sum_abs, all.max, all.min,
       all.counts[kAbove4], all.counts[kAbove5], all.counts[kFlush4],
-      all.counts[kFlush5], all.counts[kZeros], all.counts[kInfs]};
+      all.counts[kFlush5], all.counts[kZeros], all.counts[kInfs],
+      all.counts[kAbove16], all.counts[kFlush16]};
   for (size_t f = 0; f < sizeof(fields) / sizeof(double); ++f) out[f] = fields[f];
 }
 """
@@ -222,6 +233,8 @@ for _name, _value in (
     ("E5M2_MAX", _E5M2_MAX),
     ("E4M3_FLUSH", _E4M3_FLUSH),
     ("E5M2_FLUSH", _E5M2_FLUSH),
+    ("FP16_MAX", _FP16_MAX),
+    ("FP16_FLUSH", _FP16_FLUSH),
 ):
     _NATIVE_SOURCE = _NATIVE_SOURCE.replace(_name, f"{float(_value).hex()}f")
 
@@ -269,6 +282,8 @@ def _raw_statistics_kernel(x: Tensor) -> Tensor:
             (a <= _E5M2_FLUSH).sum(dtype=f64),
             (a == 0).sum(dtype=f64),
             (a == math.inf).sum(dtype=f64),
+            (a > _FP16_MAX).sum(dtype=f64),
+            (a <= _FP16_FLUSH).sum(dtype=f64),
         ]
     )
 
