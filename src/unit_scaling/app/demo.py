@@ -2,9 +2,11 @@
 
 ``python -m unit_scaling demo`` (or ``make demo``) trains the same small decoder
 four ways on the built-in corpus — same data, seeds and step count — and writes
-a loss-curve plot, a scale plot of the u-μP model and a short report to
-``out/demo/``. The u-μP runs start where a user should:
-:data:`unit_scaling.RECOMMENDED`'s learning rate and multipliers. FP8 means
+a loss-curve plot, a scale plot of the u-μP model, the scales the monitor
+recorded during each run (:class:`unit_scaling.monitor.Monitor`: heatmaps over
+steps, tables and the alerts it raised) and a short report to ``out/demo/``.
+The u-μP runs start where a user should: :data:`unit_scaling.RECOMMENDED`'s
+learning rate and multipliers. FP8 means
 :func:`unit_scaling.transforms.simulate_fp8`: every matrix product takes E4M3
 inputs and produces E5M2 gradients, with no loss scaling.
 """
@@ -12,8 +14,10 @@ inputs and produces E5M2 gradients, with no loss scaling.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -24,6 +28,7 @@ from torch import nn
 from .. import optim
 from ..data import VOCAB_SIZE, Corpus
 from ..modules import TransformerDecoder
+from ..monitor import Monitor
 from ..recommended import RECOMMENDED
 from ..transforms import simulate_fp8
 from .baseline import StandardTransformerDecoder
@@ -116,34 +121,55 @@ def run(config: DemoConfig, progress: bool = True) -> dict[str, History]:
     ]
     histories: dict[str, History] = {}
     models: dict[str, nn.Module] = {}
+    monitors: dict[str, Monitor] = {}
     for parametrisation, precision in VARIANTS:
         name = f"{parametrisation} {precision}"
         model, optimizer = _build(parametrisation, precision, config)
         loss_fn = cast(Callable[[torch.Tensor], torch.Tensor], model.loss)
-        histories[name] = train(
-            model,
-            loss_fn,
-            optimizer,
-            corpus.batches(
-                "train", config.batch_size, config.seq_len, seed=config.seed
-            ),
-            config.steps,
-            validation,
-            eval_every=config.eval_every,
-            description=f"{name:10s}",
-            progress=progress,
+        monitors[name] = monitor = Monitor(
+            model, every=max(config.steps // 30, 1), optimizer=optimizer
         )
+        with _alerts_kept_quiet():
+            histories[name] = train(
+                model,
+                loss_fn,
+                optimizer,
+                corpus.batches(
+                    "train", config.batch_size, config.seq_len, seed=config.seed
+                ),
+                config.steps,
+                validation,
+                eval_every=config.eval_every,
+                description=f"{name:10s}",
+                progress=progress,
+            )
+        monitor.remove()
         models[name] = model
     table = _results_table(histories)
     print(_header(config))
     print(table)
     config.out.mkdir(parents=True, exist_ok=True)
     written = _write_outputs(
-        config, histories, models["u-μP FP32"], validation[0], table
+        config, histories, models["u-μP FP32"], validation[0], table, monitors
     )
     for path in written:
         print(f"wrote {path}")
     return histories
+
+
+@contextlib.contextmanager
+def _alerts_kept_quiet() -> Iterator[None]:
+    """The monitor's alerts go to the report, not the console, during a run."""
+    log = logging.getLogger("unit_scaling.monitor")
+    propagate = log.propagate
+    quiet = logging.NullHandler()
+    log.addHandler(quiet)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(quiet)
+        log.propagate = propagate
 
 
 def _header(config: DemoConfig) -> str:
@@ -176,7 +202,9 @@ def _write_outputs(
     umup_model: nn.Module,
     batch: torch.Tensor,
     table: str,
+    monitors: dict[str, Monitor],
 ) -> list[Path]:
+    alerts = _alerts_table(monitors)
     try:
         import matplotlib
 
@@ -186,7 +214,7 @@ def _write_outputs(
         from ..analysis import visualiser
     except ImportError:
         report = config.out / "report.md"
-        report.write_text(_report(config, table, images=False))
+        report.write_text(_report(config, table, alerts, images=[]))
         print('plots skipped: pip install "torch-unit-scaling[plot]" to get them')
         return [report]
 
@@ -235,12 +263,63 @@ def _write_outputs(
     figure.savefig(scales, dpi=110, bbox_inches="tight")
     plt.close(figure)
 
+    written = [curves, scales, *_write_monitor_outputs(config.out, monitors)]
     report = config.out / "report.md"
-    report.write_text(_report(config, table, images=True))
-    return [curves, scales, report]
+    images = [p.name for p in written if p.suffix == ".png"]
+    report.write_text(_report(config, table, alerts, images))
+    return [*written, report]
 
 
-def _report(config: DemoConfig, table: str, images: bool) -> str:
+# The monitor's plots in the demo: what each run's tensors did over training.
+_MONITOR_PLOTS = {
+    "u-μP FP32": "scales over training",
+    "SP FP32": "scales over training",
+    "u-μP FP8": "FP8 fractions",
+    "SP FP8": "FP8 fractions",
+}
+
+
+def _slug(name: str) -> str:
+    return name.replace("μ", "mu").replace(" ", "_").replace("-", "").lower()
+
+
+def _write_monitor_outputs(out: Path, monitors: dict[str, Monitor]) -> list[Path]:
+    """Each run's recorded scales as a CSV table, and the plots of
+    :data:`_MONITOR_PLOTS`."""
+    import matplotlib.pyplot as plt
+
+    from ..analysis import plot_fp8_fractions_over_training, plot_scales_over_training
+
+    written = []
+    for name, monitor in monitors.items():
+        table = monitor.table()
+        path = out / f"scales_{_slug(name)}.csv"
+        table.to_csv(path, index=False)
+        written.append(path)
+        plot = _MONITOR_PLOTS.get(name)
+        if plot is None or table.empty:
+            continue
+        if plot == "FP8 fractions":
+            path = out / f"fp8_fractions_{_slug(name)}.png"
+            figure = plot_fp8_fractions_over_training(table, path=path)
+        else:
+            path = out / f"scales_{_slug(name)}.png"
+            figure = plot_scales_over_training(table, kind="all", path=path)
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+def _alerts_table(monitors: dict[str, Monitor]) -> str:
+    rows = ["| run | alerts | first alerts |", "| --- | ---: | --- |"]
+    for name, monitor in monitors.items():
+        fired = monitor.alerts.fired if monitor.alerts is not None else []
+        first = "; ".join(fired[:2]) + (" …" if len(fired) > 2 else "")
+        rows.append(f"| {name} | {len(fired)} | {first} |")
+    return "\n".join(rows)
+
+
+def _report(config: DemoConfig, table: str, alerts: str, images: list[str]) -> str:
     settings = "\n".join(
         f"- {f.name}: {getattr(config, f.name)}" for f in dataclasses.fields(config)
     )
@@ -251,10 +330,13 @@ def _report(config: DemoConfig, table: str, images: bool) -> str:
         "matrix product, no loss scaling.\n",
         table + "\n",
     ]
-    if images:
-        parts += [
-            "![validation loss](loss_curves.png)\n",
-            "![u-μP tensor scales](umup_scales.png)\n",
-        ]
+    parts += [f"![{image.removesuffix('.png')}]({image})\n" for image in images]
+    parts += [
+        "## What the scale monitor saw\n",
+        "Every run was recorded by `unit_scaling.monitor.Monitor` (tables: "
+        "`scales_<run>.csv`); the alerts it raised (once per tensor and "
+        "condition):\n",
+        alerts + "\n",
+    ]
     parts += ["## Settings\n", settings + "\n"]
     return "\n".join(parts)
