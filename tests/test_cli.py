@@ -48,6 +48,16 @@ def test_demo_writes_plots_and_report(demo_run: tuple[Path, str]) -> None:
     report = (out / "report.md").read_text()
     assert "![validation loss](loss_curves.png)" in report
     assert "steps: 40" in report
+    # the scale monitor's records, plots and alerts
+    for name in (
+        "scales_umup_fp32.png",
+        "scales_sp_fp32.png",
+        "fp8_fractions_sp_fp8.png",
+    ):
+        assert (out / name).stat().st_size > 500, name
+        assert f"]({name})" in report
+    assert "## What the scale monitor saw" in report
+    assert "| SP FP32 |" in report.split("## What the scale monitor saw")[1]
 
 
 def test_demo_losses_decrease(demo_run: tuple[Path, str]) -> None:

@@ -319,6 +319,19 @@ def _alerts_table(monitors: dict[str, Monitor]) -> str:
     return "\n".join(rows)
 
 
+def _alt_text(image: str) -> str:
+    """What a plot of the demo shows, from its file name."""
+    fixed = {
+        "loss_curves.png": "validation loss",
+        "umup_scales.png": "u-μP tensor scales",
+    }
+    if image in fixed:
+        return fixed[image]
+    run = image.removesuffix(".png").split("_")[-2:]
+    what = "FP8 fractions" if image.startswith("fp8_") else "log2 RMS over training"
+    return f"{' '.join(run)}: {what}"
+
+
 def _report(config: DemoConfig, table: str, alerts: str, images: list[str]) -> str:
     settings = "\n".join(
         f"- {f.name}: {getattr(config, f.name)}" for f in dataclasses.fields(config)
@@ -330,7 +343,7 @@ def _report(config: DemoConfig, table: str, alerts: str, images: list[str]) -> s
         "matrix product, no loss scaling.\n",
         table + "\n",
     ]
-    parts += [f"![{image.removesuffix('.png')}]({image})\n" for image in images]
+    parts += [f"![{_alt_text(image)}]({image})\n" for image in images]
     parts += [
         "## What the scale monitor saw\n",
         "Every run was recorded by `unit_scaling.monitor.Monitor` (tables: "
