@@ -9,17 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..monitor import COLUMNS, KINDS
+
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd  # type: ignore[import-untyped,unused-ignore]
 
 __all__ = ["COLUMNS", "KINDS", "KIND_TITLES", "checked_table", "kinds_in", "log2"]
 
-COLUMNS = ("step", "tensor", "kind", "statistic", "value")
-"""One row per step, tensor, kind and statistic."""
-
-KINDS = ("activation", "activation_grad", "weight", "weight_grad", "update")
-"""The kinds of tensor the monitor records, in the order plots show them."""
 
 KIND_TITLES = {
     "activation": "activations",
