@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import Tensor
 
-import unit_scaling.formats as formats
+import unit_scaling.formats._fp as formats
 from unit_scaling.formats import (
     FP8_E4M3,
     FP8_E5M2,

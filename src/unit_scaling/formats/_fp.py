@@ -1,23 +1,4 @@
-"""Floating-point number formats and quantisation, to simulate low-precision training.
-
-:class:`FPFormat` describes a sign-exponent-mantissa format (E4M3, E5M2, ...) and
-rounds tensors onto it, saturating at its largest value, keeping subnormals, with
-round-to-nearest-even or stochastic rounding. Values are simulated: the result is a
-tensor of the input's dtype holding only values the format can represent.
-
-Two encodings are supported. The default is IEEE-like: the top exponent is reserved
-for infinities and NaN, so E4M3 reaches ``240``. ``finite=True`` is the encoding of
-the OCP 8-bit E4M3 format used by hardware (``torch.float8_e4m3fn``): no infinities,
-the top exponent holds numbers, and only its all-ones mantissa is NaN, so E4M3
-reaches ``448``. OCP E5M2 is IEEE-like. :data:`FP8_E4M3` and :data:`FP8_E5M2` are
-those two formats with round-to-nearest; they round exactly as the native casts.
-
-Quantisation is one fused pass over memory: a kernel compiled with ``torch.compile``
-lazily, once per input dtype (the format is passed as data, so all formats share
-it), for tensors of at least ``2**16`` elements. Smaller tensors, code being traced
-by ``torch.compile`` (which fuses the kernel into its own graph), and machines where
-compilation fails run the same kernel eagerly.
-"""
+"""Floating-point element formats: :class:`FPFormat` and its quantisation kernels."""
 
 from __future__ import annotations
 
@@ -30,13 +11,15 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from ._autograd import Function
-from ._kernels import CompiledKernels, NativeKernel, in_memory, native_threads
+from .._autograd import Function
+from .._kernels import CompiledKernels, NativeKernel, in_memory, native_threads
 
 __all__ = ["FP8_E4M3", "FP8_E5M2", "FPFormat", "format_to_tuple", "tuple_to_format"]
 
 Rounding = Literal["stochastic", "nearest"]
-FormatTuple = tuple[int, int, Rounding, int, bool]
+FormatTuple = (
+    tuple[int, int, Rounding, int, bool] | tuple[int, int, Rounding, int, bool, bool]
+)
 
 _ROUNDINGS = ("stochastic", "nearest")
 _SHORT_ROUNDING = {"stochastic": "SR", "nearest": "RN"}
@@ -57,8 +40,10 @@ class FPFormat:
         \\min_\\text{normal} = 2^{1-b}, \\qquad
         \\min_\\text{subnormal} = 2^{1-b-m},
 
-    and a ``finite`` format (no infinities, all-ones mantissa at the top exponent
-    is NaN) has :math:`\\max = 2^{b+1} (2 - 2^{1-m})`.
+    a ``finite`` format (no infinities, all-ones mantissa at the top exponent
+    is NaN) has :math:`\\max = 2^{b+1} (2 - 2^{1-m})`, and a ``finite`` format
+    without ``nan`` (every code a number, as the OCP MX FP6 and FP4 elements) has
+    :math:`\\max = 2^{b+1} (2 - 2^{-m})`.
 
     Args:
         exponent_bits: bits of exponent ``e``, from 2 to 8.
@@ -72,6 +57,10 @@ class FPFormat:
             input's dtype.
         finite: use the OCP E4M3 encoding (``torch.float8_e4m3fn``'s "FN"): no
             infinities, and the top exponent holds numbers except the NaN pattern.
+        nan: whether a ``finite`` format keeps its NaN pattern. ``nan=False``
+            (with ``finite=True``) makes every code a number, as in the OCP MX
+            elements E3M2 (max 28), E2M3 (max 7.5) and E2M1 (max 6); a NaN input
+            stays NaN in the simulated result. Written ``FNN`` in ``str``.
 
     Example::
 
@@ -79,6 +68,8 @@ class FPFormat:
         tensor([  0.3125, 240.0000])
         >>> str(FP8_E4M3), FP8_E4M3.max_absolute_value
         ('E4M3FN-RN', 448.0)
+        >>> FPFormat(2, 1, "nearest", finite=True, nan=False).max_absolute_value
+        6.0
     """
 
     exponent_bits: int
@@ -86,14 +77,17 @@ class FPFormat:
     rounding: Rounding = "stochastic"
     srbits: int = 0
     finite: bool = field(default=False, kw_only=True)
+    nan: bool = field(default=True, kw_only=True)
 
     def __post_init__(self) -> None:
         for name in ("exponent_bits", "mantissa_bits", "srbits"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if not isinstance(self.finite, bool):
-            raise TypeError(f"finite must be a bool, got {type(self.finite).__name__}")
+        for name in ("finite", "nan"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
         if not 2 <= self.exponent_bits <= 8:
             raise ValueError(
                 f"exponent_bits must be between 2 and 8, got {self.exponent_bits}: "
@@ -115,7 +109,13 @@ class FPFormat:
                 f"srbits={self.srbits} only applies to stochastic rounding; "
                 "use srbits=0 with rounding='nearest'"
             )
-        if self.finite and self.mantissa_bits == 0:
+        if not self.nan and not self.finite:
+            raise ValueError(
+                "nan=False needs finite=True: an IEEE-like format reserves its top "
+                "exponent for infinities and NaN; pass finite=True, nan=False for "
+                "a format whose every code is a number"
+            )
+        if self.finite and self.nan and self.mantissa_bits == 0:
             raise ValueError(
                 "finite formats need mantissa_bits >= 1: their top exponent's "
                 "all-ones mantissa is NaN, which leaves E?M0 nothing there"
@@ -136,7 +136,8 @@ class FPFormat:
         """The largest finite magnitude; larger inputs saturate to it."""
         bias = (1 << (self.exponent_bits - 1)) - 1
         if self.finite:
-            return math.ldexp(2 - math.ldexp(1, 1 - self.mantissa_bits), bias + 1)
+            lost = 1 if self.nan else 0  # the NaN pattern takes the top step
+            return math.ldexp(2 - math.ldexp(1, lost - self.mantissa_bits), bias + 1)
         return math.ldexp(2 - math.ldexp(1, -self.mantissa_bits), bias)
 
     @property
@@ -151,7 +152,7 @@ class FPFormat:
 
     def __str__(self) -> str:
         suffix = str(self.srbits) if self.srbits else ""
-        encoding = "FN" if self.finite else ""
+        encoding = ("FN" if self.nan else "FNN") if self.finite else ""
         return (
             f"E{self.exponent_bits}M{self.mantissa_bits}{encoding}"
             f"-{_SHORT_ROUNDING[self.rounding]}{suffix}"
@@ -226,14 +227,16 @@ FP8_E5M2 = FPFormat(5, 2, "nearest")
 
 
 def format_to_tuple(fmt: FPFormat) -> FormatTuple:
-    """The tuple ``(exponent_bits, mantissa_bits, rounding, srbits, finite)``.
+    """The tuple ``(exponent_bits, mantissa_bits, rounding, srbits, finite)``,
+    with ``nan`` appended for a format without NaN.
 
     Example::
 
         >>> format_to_tuple(FP8_E4M3)
         (4, 3, 'nearest', 0, True)
     """
-    return (fmt.exponent_bits, fmt.mantissa_bits, fmt.rounding, fmt.srbits, fmt.finite)
+    t = (fmt.exponent_bits, fmt.mantissa_bits, fmt.rounding, fmt.srbits, fmt.finite)
+    return t if fmt.nan else (*t, fmt.nan)
 
 
 def tuple_to_format(t: Sequence[Any]) -> FPFormat:
@@ -244,12 +247,12 @@ def tuple_to_format(t: Sequence[Any]) -> FPFormat:
         >>> tuple_to_format((5, 2, "nearest")) == FP8_E5M2
         True
     """
-    if not 2 <= len(t) <= 5:
+    if not 2 <= len(t) <= 6:
         raise ValueError(
             "a format tuple is (exponent_bits, mantissa_bits[, rounding[, srbits"
-            f"[, finite]]]), got {len(t)} elements: {tuple(t)!r}"
+            f"[, finite[, nan]]]]), got {len(t)} elements: {tuple(t)!r}"
         )
-    fields = dict(zip(("rounding", "srbits", "finite"), t[2:], strict=False))
+    fields = dict(zip(("rounding", "srbits", "finite", "nan"), t[2:], strict=False))
     return FPFormat(t[0], t[1], **fields)
 
 
@@ -419,7 +422,12 @@ def _native_dtype(fmt: FPFormat, dtype: torch.dtype) -> torch.dtype | None:
     """
     if fmt.rounding != "nearest" or dtype == torch.float64:
         return None
-    if (fmt.exponent_bits, fmt.mantissa_bits, fmt.finite) == (4, 3, True):
+    if (fmt.exponent_bits, fmt.mantissa_bits, fmt.finite, fmt.nan) == (
+        4,
+        3,
+        True,
+        True,
+    ):
         return getattr(torch, "float8_e4m3fn", None)
     if (fmt.exponent_bits, fmt.mantissa_bits, fmt.finite) == (5, 2, False):
         return getattr(torch, "float8_e5m2", None)
