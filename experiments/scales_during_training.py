@@ -20,6 +20,7 @@ to ``--out`` (default ``docs/results/``), and each run's table to
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import sys
@@ -57,15 +58,15 @@ def _run(task: tuple[int, str, str, int]) -> dict[str, Any]:
         model = uu.TransformerDecoder(
             width, VOCAB_SIZE, LAYERS, heads, **uu.RECOMMENDED.multipliers
         )
-        optimizer: torch.optim.Optimizer = uu.optim.AdamW(
-            model.parameters(), lr=uu.RECOMMENDED.lr
-        )
     else:
         model = StandardTransformerDecoder(width, VOCAB_SIZE, LAYERS, heads)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=SP_LR, weight_decay=0.0)
     if precision == "FP8":
-        model = simulate_fp8(model)
-        optimizer.param_groups[0]["params"] = list(model.parameters())
+        model = simulate_fp8(model)  # a copy: the optimizer must see its weights
+    optimizer: torch.optim.Optimizer
+    if parametrisation == "u-μP":
+        optimizer = uu.optim.AdamW(model.parameters(), lr=uu.RECOMMENDED.lr)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=SP_LR, weight_decay=0.0)
     alerts: list[str] = []
     handler = _Collect(alerts)
     logging.getLogger("unit_scaling.monitor").addHandler(handler)
@@ -85,8 +86,7 @@ def _run(task: tuple[int, str, str, int]) -> dict[str, Any]:
         )
     logging.getLogger("unit_scaling.monitor").removeHandler(handler)
     table = monitor.table()
-    TABLES.mkdir(parents=True, exist_ok=True)
-    table.to_csv(TABLES / f"{parametrisation}_{precision}_w{width}.csv.gz", index=False)
+    _save(f"{parametrisation} {precision} w{width}", table, alerts, curve.final_val)
     return {
         "table": table,
         "alerts": alerts,
@@ -104,6 +104,32 @@ class _Collect(logging.Handler):
         self.into.append(record.getMessage())
 
 
+TRAINER_RUN = "unit_scale Llama, UnitScalingTrainer w128"
+
+
+def _slug(name: str) -> str:
+    return name.replace("μ", "mu").replace(",", "").replace(" ", "_")
+
+
+def _save(name: str, table: pd.DataFrame, alerts: list[str], loss: float) -> None:
+    """A run's table and what the page needs besides, to render it again."""
+    TABLES.mkdir(parents=True, exist_ok=True)
+    table.to_csv(TABLES / f"{_slug(name)}.csv.gz", index=False)
+    (TABLES / f"{_slug(name)}.json").write_text(
+        json.dumps({"name": name, "alerts": alerts, "loss": loss})
+    )
+
+
+def _saved() -> dict[str, dict[str, Any]]:
+    """Every saved run, by name (``--render-only``)."""
+    results = {}
+    for path in sorted(TABLES.glob("*.json")):
+        run = json.loads(path.read_text())
+        table = pd.read_csv(path.with_suffix(".csv.gz"))
+        results[run["name"]] = {**run, "table": table}
+    return results
+
+
 def _drift(table: pd.DataFrame) -> dict[str, str]:
     """Per kind: the median |log2 RMS| at the last record, and the median and
     largest change of log2 RMS from the first record to the last, over the
@@ -117,7 +143,7 @@ def _drift(table: pd.DataFrame) -> dict[str, str]:
         )
         if k.empty:
             continue
-        ends = k[[first, last]].replace(-math.inf, math.nan)
+        ends = k[sorted({first, last})].replace(-math.inf, math.nan)
         zero = int(ends.isna().any(axis=1).sum())
         ends = ends.dropna()
         change = (ends[last] - ends[first]).abs()
@@ -131,10 +157,16 @@ def _drift(table: pd.DataFrame) -> dict[str, str]:
     return out
 
 
+# The usual FP8 recipe: values forward in E4M3, gradients in E5M2.
+CASTS = {"e4m3": ("activation", "weight"), "e5m2": ("activation_grad", "weight_grad")}
+
+
 def _worst(table: pd.DataFrame, statistic: str, limit: float) -> str:
-    """The largest value of ``statistic`` over tensors (not updates) and steps,
-    and the first step and tensor where it crossed ``limit``."""
-    rows = table[(table.statistic == statistic) & (table.kind != "update")]
+    """The largest value of ``statistic`` (``<format>_<what>``) over the tensors
+    the recipe casts to that format, and the first step and tensor where it
+    crossed ``limit``."""
+    kinds = CASTS[statistic.split("_")[0]]
+    rows = table[(table.statistic == statistic) & table.kind.isin(kinds)]
     if rows.empty:
         return "-"
     top = rows.loc[rows.value.idxmax()]
@@ -208,9 +240,8 @@ def _trainer_run(steps: int) -> dict[str, Any]:
     logging.getLogger("unit_scaling.monitor").removeHandler(handler)
     assert callback.monitor is not None
     table = callback.monitor.table()
-    TABLES.mkdir(parents=True, exist_ok=True)
-    table.to_csv(TABLES / "trainer_llama_w128.csv.gz", index=False)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    _save(TRAINER_RUN, table, alerts, losses[-1] if losses else math.nan)
     return {
         "table": table,
         "alerts": alerts,
@@ -243,11 +274,36 @@ def main() -> None:
     parser = run_parser(__doc__)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--widths", type=int, nargs="+", default=[128, 512])
+    parser.add_argument(
+        "--wide-steps",
+        type=int,
+        default=None,
+        help="steps at widths above 128 (default: --steps)",
+    )
     parser.add_argument("--trainer-steps", type=int, default=1000)
+    parser.add_argument(
+        "--render-only",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="write the page from the saved runs (and the time they took)",
+    )
     args = parser.parse_args()
+    if args.render_only is not None:
+        results = _saved()
+        order = [
+            f"{p} {q} w{w}"
+            for w in args.widths
+            for p in ("u-μP", "SP")
+            for q in ("FP32", "FP8")
+        ]
+        results = {k: results[k] for k in [*order, TRAINER_RUN] if k in results}
+        _write(results, args, args.render_only)
+        return
     start = time.perf_counter()
+    wide = args.wide_steps or args.steps
     tasks = [
-        (width, p, precision, args.steps)
+        (width, p, precision, args.steps if width <= 128 else wide)
         for width in args.widths
         for p in ("u-μP", "SP")
         for precision in ("FP32", "FP8")
@@ -262,10 +318,11 @@ def main() -> None:
         f"{t[1]} {t[2]} w{t[0]}": r for t, r in zip(tasks, outcomes, strict=True)
     }
     if args.trainer_steps:
-        results["unit_scale Llama, UnitScalingTrainer w128"] = _trainer_run(
-            args.trainer_steps
-        )
-    seconds = time.perf_counter() - start
+        results[TRAINER_RUN] = _trainer_run(args.trainer_steps)
+    _write(results, args, time.perf_counter() - start)
+
+
+def _write(results: dict[str, dict[str, Any]], args: Any, seconds: float) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     page = _page(results, args, seconds, _plots(results, args.out, max(args.widths)))
     (args.out / "scales_during_training.md").write_text(page)
@@ -277,7 +334,8 @@ def _intro(args: Any, seconds: float) -> str:
     return (
         "What `unit_scaling.monitor` records over training. The demo's decoder "
         f"({LAYERS} layers, head size {HEAD_SIZE}, batch {BATCH} × {SEQ} byte "
-        f"tokens) at widths {widths}, {args.steps} steps, SP (lr {SP_LR:g}) and "
+        f"tokens) at widths {widths}, {args.steps} steps (at widths above 128: "
+        f"{args.wide_steps or args.steps}), SP (lr {SP_LR:g}) and "
         "u-μP (`uu.RECOMMENDED`), FP32 and simulated FP8; and a `unit_scale`d "
         "Llama-style model (width 128) under `UnitScalingTrainer` with "
         f"`MonitorCallback`, {args.trainer_steps} steps. A record every {EVERY} "
@@ -329,18 +387,22 @@ def _page(
                 markdown_table(["run", "final val loss", *KINDS], drift_rows),
                 "## What E4M3 and E5M2 would lose with static scales",
                 reflow(
-                    "The largest fraction of a tensor (not counting updates) that "
-                    "would saturate or flush to zero at scale 1, and from which step a "
-                    "tensor first crossed the monitor's alert thresholds "
-                    f"({SATURATED:g} saturated, {FLUSHED:.0%} flushed)."
+                    "With the usual FP8 recipe (activations and weights in E4M3, "
+                    "gradients in E5M2) at scale 1 (u-μP's and "
+                    "`convert_to_float8_training`'s static scale): the largest "
+                    "fraction of a tensor that would saturate or flush to zero, and "
+                    "from which step a tensor first crossed the monitor's alert "
+                    f"thresholds ({SATURATED:g} saturated, {FLUSHED:.0%} flushed). "
+                    "The tables of every statistic and format are in "
+                    "`out/scales_during_training/`."
                 ),
                 markdown_table(
                     [
                         "run",
-                        "E4M3 saturated",
-                        "E4M3 flushed",
-                        "E5M2 saturated",
-                        "E5M2 flushed",
+                        "E4M3 saturated (forward)",
+                        "E4M3 flushed (forward)",
+                        "E5M2 saturated (gradients)",
+                        "E5M2 flushed (gradients)",
                     ],
                     fp8_rows,
                 ),
