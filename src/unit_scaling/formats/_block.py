@@ -6,7 +6,8 @@ specification), this module follows, and its tests check against:
 1. All-zero blocks (every rule but ``"nearest"``): scale code 0 (``2^-127``), as
    torchao, ``microxcaling`` and Transformer Engine; the specification leaves
    the scale free. NVFP4: block scale 0, as Transformer Engine (torchao clamps
-   its block scales to at least ``2^-6``, E4M3's smallest normal).
+   its block scales to at least ``2^-6``, E4M3's smallest normal, and gives an
+   all-zero tensor NaN block scales, from ``0 / 0``).
 2. A block whose scale is ``2^-127`` but which is not all zero (``"floor"``,
    ``"ceil"``, ``"even"``): elements are ``V / 2^-127`` as the specification
    says; torchao divides by ``2^-126`` (float32's smallest normal), halving them.
@@ -410,18 +411,21 @@ def _e8m0_codes(fmt: BlockFormat, amax: Tensor) -> Tensor:
         exponent = _log2(descale, ceil=True)
         codes = (exponent + E8M0_BIAS).clamp(0, 254)
         codes = torch.where(descale == 0, 0, codes)
+        codes = torch.where(descale.isinf(), 254, codes)  # satfinite
         return torch.where(descale.isnan(), E8M0_NAN, codes)
+    rounded = amax
     if fmt.scale_rule == "even":
         # Round amax half up to the element's significant bits: a largest value
-        # that rounds up to the next power of two gets the larger scale.
+        # that rounds up to the next power of two gets the larger scale (up to
+        # 2^128, beyond float32, for amax near its largest value).
         shift = 23 - element_mantissa_bits(element) - 1
         if shift >= 0:
-            bits = amax.view(torch.int32) + (1 << shift)
-            amax = torch.where(
-                amax.isfinite(), (bits & 0x7F800000).view(torch.float32), amax
-            )
-    exponent = _log2(amax, ceil=fmt.scale_rule == "ceil") - element_emax(element)
-    codes = (exponent + E8M0_BIAS).clamp(0, 254)
+            bits = (amax.view(torch.int32) + (1 << shift)) & 0x7F800000
+            rounded = torch.where(amax.isfinite(), bits.view(torch.float32), amax)
+    log2 = _log2(rounded, ceil=fmt.scale_rule == "ceil")
+    log2 = torch.where(rounded.isinf(), 128, log2)
+    log2 = torch.where(rounded == 0, -E8M0_BIAS, log2)  # subnormal, for "even"
+    codes = (log2 - element_emax(element) + E8M0_BIAS).clamp(0, 254)
     codes = torch.where(amax == 0, 0, codes)
     return torch.where(amax.isfinite(), codes, E8M0_NAN)
 
