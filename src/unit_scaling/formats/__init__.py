@@ -20,6 +20,14 @@ casts. :class:`IntFormat` is a fixed-point element (:data:`INT8`, MXINT8's).
 :data:`MXINT8`) and NVIDIA's :data:`NVFP4`. Its ``quantise`` gives the values the
 hardware computes with, its ``encode`` the bytes it stores.
 
+A :class:`Recipe` names the block format of each operand of each of a matrix
+product's three GEMMs (forward, input gradient, weight gradient), each quantised
+along its own contraction: :data:`MXFP8_RECIPE`, :data:`MXFP8_E5M2_GRADIENTS_RECIPE`,
+:data:`MXFP6_RECIPE`, :data:`MXFP4_RECIPE` and NVIDIA's :data:`NVFP4_RECIPE`.
+:func:`quantised_linear`, :func:`quantised_matmul`, :func:`quantised_einsum` and
+:func:`quantised_attention` compute products that way;
+:func:`unit_scaling.transforms.simulate_format` applies a recipe to a model.
+
 Quantisation is one fused pass over memory: a kernel compiled with ``torch.compile``
 lazily, once per input dtype (the format is passed as data, so all formats share
 it), for tensors of at least ``2**16`` elements. Smaller tensors, code being traced
@@ -44,6 +52,22 @@ from ._block import (
 )
 from ._fp import FP8_E4M3, FP8_E5M2, FPFormat, format_to_tuple, tuple_to_format
 from ._int import IntFormat
+from ._products import (
+    quantised_attention,
+    quantised_einsum,
+    quantised_linear,
+    quantised_matmul,
+)
+from ._recipe import (
+    MXFP4_RECIPE,
+    MXFP6_RECIPE,
+    MXFP8_E5M2_GRADIENTS_RECIPE,
+    MXFP8_RECIPE,
+    NVFP4_RECIPE,
+    Product,
+    Recipe,
+    random_hadamard,
+)
 
 __all__ = [
     "FP4_E2M1",
@@ -53,16 +77,28 @@ __all__ = [
     "FP8_E5M2",
     "INT8",
     "MXFP4",
+    "MXFP4_RECIPE",
     "MXFP6_E2M3",
     "MXFP6_E3M2",
+    "MXFP6_RECIPE",
     "MXFP8_E4M3",
     "MXFP8_E5M2",
+    "MXFP8_E5M2_GRADIENTS_RECIPE",
+    "MXFP8_RECIPE",
     "MXINT8",
     "NVFP4",
+    "NVFP4_RECIPE",
     "BlockEncoding",
     "BlockFormat",
     "FPFormat",
     "IntFormat",
+    "Product",
+    "Recipe",
     "format_to_tuple",
+    "quantised_attention",
+    "quantised_einsum",
+    "quantised_linear",
+    "quantised_matmul",
+    "random_hadamard",
     "tuple_to_format",
 ]

@@ -1,0 +1,448 @@
+"""Matrix products on block-quantised operands, forward and backward.
+
+A product ``y = f(a, b)``, bilinear in ``a`` and ``b`` (a linear layer, matmul,
+einsum, or a scaled version of one), runs three GEMMs: the forward one, the one
+giving ``∂a`` (from ``∂y`` and ``b``) and the one giving ``∂b`` (from ``∂y`` and
+``a``). Each quantises its two operands along its own contraction, the axes that
+it sums over: for ``y = x W^T`` the input features, the output features and the
+tokens. The axes are named by einsum-style labels, one per dimension; a GEMM's
+contraction is every label of its operands that its result lacks (or holds with
+size 1 where the operands broadcast it). Several contracted axes are flattened
+into one, in a single label order shared by both operands (the order in which
+the labels are first named: ``a``'s, then ``b``'s), so their blocks line up as a
+GEMM's would; for a convolution unfolded into a matmul this is the order of the
+unfolded columns.
+
+The backward GEMMs are computed by the product's own autograd, evaluated once
+more at the backward operands: ``∂a`` is the vector-Jacobian product of
+``f(·, b')`` with ``∂y'``, so a scaled product (a unit-scaled linear layer) keeps
+its gradient scales, and any further arguments (a bias) get their gradient from
+the unquantised ``∂y``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._block import BlockFormat
+from ._recipe import Recipe, random_hadamard
+
+__all__ = [
+    "quantised_attention",
+    "quantised_einsum",
+    "quantised_linear",
+    "quantised_matmul",
+]
+
+Labels = tuple[str, ...]
+_HADAMARD_SIZE = 16
+
+
+@dataclass(frozen=True)
+class _Product:
+    """One call's product: the function, its operands' labels, the recipe."""
+
+    op: Callable[..., Tensor]
+    left: Labels
+    right: Labels
+    out: Labels
+    recipe: Recipe
+
+    def order(self, label: str) -> int:
+        return (*self.left, *self.right, *self.out).index(label)
+
+
+def _contraction(
+    result: Labels, result_shape: Sequence[int], sizes: dict[str, int]
+) -> set[str]:
+    """The labels a GEMM giving ``result`` sums over."""
+    own = dict(zip(result, result_shape, strict=True))
+    return {
+        label
+        for label, size in sizes.items()
+        if label not in own or (own[label] == 1 and size > 1)
+    }
+
+
+def _dims(product: _Product, labels: Labels, summed: set[str]) -> list[int]:
+    """The axes of an operand with ``labels`` that a GEMM summing ``summed``
+    contracts, in the product's label order."""
+    found = [d for d, label in enumerate(labels) if label in summed]
+    return sorted(found, key=lambda d: product.order(labels[d]))
+
+
+def _rotate(flat: Tensor, hadamard: Tensor) -> Tensor:
+    """``flat``'s last axis times ``hadamard`` in consecutive groups, a shorter
+    tail left as it is (a block-diagonal orthogonal matrix)."""
+    size = hadamard.shape[0]
+    whole = flat.shape[-1] // size * size
+    if whole == 0:
+        return flat
+    lead = flat.shape[:-1]
+    head = (flat[..., :whole].reshape(*lead, whole // size, size) @ hadamard).reshape(
+        *lead, whole
+    )
+    return torch.cat([head, flat[..., whole:]], -1)
+
+
+def _prepare(
+    x: Tensor,
+    dims: list[int],
+    fmt: BlockFormat | None,
+    recipe: Recipe,
+    rotate: bool = False,
+) -> Tensor:
+    """``x`` as a GEMM contracting its ``dims`` reads it: rotated (optionally)
+    and quantised along those axes, flattened in the given order."""
+    if fmt is None and not rotate:
+        return x
+    kept = [d for d in range(x.dim()) if d not in dims]
+    order = kept + dims
+    moved = x.permute(order)
+    lead = moved.shape[: len(kept)]
+    flat = moved.reshape(*lead, math.prod(moved.shape[len(kept) :]))
+    if rotate:
+        flat = _rotate(flat, random_hadamard(_HADAMARD_SIZE, device=x.device).to(x))
+    if fmt is not None:
+        if fmt.block_dims == 2 and flat.dim() < 2:
+            fmt = BlockFormat(fmt.element, fmt.block_size, fmt.scale, fmt.scale_rule)
+        amax = recipe.tensor_amax if fmt.scale == "e4m3" else None
+        flat = fmt.quantise(flat, -1, tensor_amax=amax)
+    inverse = sorted(range(x.dim()), key=order.__getitem__)
+    return flat.reshape(moved.shape).permute(inverse)
+
+
+class _QuantisedProductFn(torch.autograd.Function):
+    """``f(Q1(a), Q2(b))``; ``∂a = vjp_a f(·, Q4(b)) [Q3(∂y)]``;
+    ``∂b = vjp_b f(Q6(a), ·) [Q5(∂y)]``; other arguments: ``vjp f [∂y]``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, product: _Product, left: Tensor, right: Tensor, *others: Any
+    ) -> Tensor:
+        sizes = _sizes(product, left, right)
+        recipe = product.recipe
+        summed = _contraction(product.out, [sizes[x] for x in product.out], sizes)
+        q_left = _prepare(
+            left, _dims(product, product.left, summed), recipe.forward[0], recipe
+        )
+        q_right = _prepare(
+            right, _dims(product, product.right, summed), recipe.forward[1], recipe
+        )
+        ctx.product = product
+        tensors = [o for o in others if isinstance(o, Tensor)]
+        ctx.save_for_backward(left, right, *tensors)
+        # The tensors among ``others`` are saved; the rest kept as they are.
+        ctx.saved = [isinstance(o, Tensor) for o in others]
+        ctx.others = [
+            None if saved else o for o, saved in zip(others, ctx.saved, strict=True)
+        ]
+        return product.op(q_left, q_right, *others)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        product: _Product = ctx.product
+        recipe = product.recipe
+        left, right, *saved = ctx.saved_tensors
+        needs = ctx.needs_input_grad[1:]
+        sizes = _sizes(product, left, right)
+        # ∂left's GEMM: ∂y and right, summing what left lacks.
+        summed_l = _contraction(product.left, left.shape, sizes)
+        # ∂right's GEMM: ∂y and left, summing what right lacks.
+        summed_r = _contraction(product.right, right.shape, sizes)
+        out_shape = grad.shape
+        dims_out_l = _dims(product, product.out, summed_l)
+        dims_out_r = _dims(product, product.out, summed_r)
+        dims_left = _dims(product, product.left, summed_r)
+        dims_right = _dims(product, product.right, summed_l)
+        # A Hadamard transform lines up only where both operands hold the whole
+        # contraction.
+        rotate = recipe.hadamard and math.prod(
+            left.shape[d] for d in dims_left
+        ) == math.prod(out_shape[d] for d in dims_out_r)
+        with torch.enable_grad():
+            b_left = left.detach()
+            if needs[1]:
+                b_left = _prepare(
+                    b_left, dims_left, recipe.grad_weight[1], recipe, rotate
+                )
+            b_right = right.detach()
+            if needs[0]:
+                b_right = _prepare(b_right, dims_right, recipe.grad_input[1], recipe)
+            b_left.requires_grad_(needs[0])
+            b_right.requires_grad_(needs[1])
+            saved_iter = iter(saved)
+            others = [
+                next(saved_iter).detach().requires_grad_(need) if is_saved else o
+                for o, is_saved, need in zip(
+                    ctx.others, ctx.saved, needs[2:], strict=True
+                )
+            ]
+            out = product.op(b_left, b_right, *others)
+        grads: list[Tensor | None] = [None] * (2 + len(others))
+        if needs[0]:
+            g = _prepare(grad, dims_out_l, recipe.grad_input[0], recipe)
+            grads[0] = torch.autograd.grad(out, b_left, g, retain_graph=True)[0]
+        if needs[1]:
+            g = _prepare(grad, dims_out_r, recipe.grad_weight[0], recipe, rotate)
+            grads[1] = torch.autograd.grad(out, b_right, g, retain_graph=True)[0]
+        wanted = [i for i, need in enumerate(needs[2:]) if need]
+        if wanted:
+            found = torch.autograd.grad(out, [others[i] for i in wanted], grad)
+            for i, value in zip(wanted, found, strict=True):
+                grads[2 + i] = value
+        return (None, *grads)
+
+
+def _sizes(product: _Product, left: Tensor, right: Tensor) -> dict[str, int]:
+    """Each label's broadcast size."""
+    sizes: dict[str, int] = {}
+    for labels, shape in ((product.left, left.shape), (product.right, right.shape)):
+        for label, size in zip(labels, shape, strict=True):
+            sizes[label] = max(sizes.get(label, 1), size)
+    return sizes
+
+
+def _apply(product: _Product, left: Tensor, right: Tensor, *others: Any) -> Tensor:
+    if not isinstance(product.recipe, Recipe):
+        raise TypeError(f"recipe must be a Recipe, got {type(product.recipe).__name__}")
+    out: Tensor = _QuantisedProductFn.apply(  # type: ignore[no-untyped-call]
+        product, left, right, *others
+    )
+    return out
+
+
+def quantised_linear(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    *,
+    recipe: Recipe,
+    linear: Callable[..., Tensor] = F.linear,
+) -> Tensor:
+    """:func:`torch.nn.functional.linear` with each GEMM's operands quantised
+    along its contraction, as ``recipe`` says (see :class:`Recipe`).
+
+    .. math::
+        y = Q_1(x) Q_2(W)^T + b, \\quad \\partial x = Q_3(\\partial y) Q_4(W),
+        \\quad \\partial W = Q_5(\\partial y)^T Q_6(x),
+        \\quad \\partial b = \\textstyle\\sum \\partial y
+
+    Args:
+        input: ``(..., in_features)``; its leading axes are the tokens the
+            weight-gradient GEMM contracts (flattened in order).
+        weight: ``(out_features, in_features)``.
+        bias: ``(out_features,)`` or ``None``; not quantised.
+        recipe: the formats.
+        linear: the function computing the product, ``linear(input, weight,
+            bias)``: bilinear in ``input`` and ``weight`` (a scaled version such
+            as :func:`unit_scaling.functional.linear` keeps its scales).
+
+    Example::
+
+        >>> from unit_scaling.formats import MXFP8_RECIPE
+        >>> x, w = torch.randn(4, 64), torch.randn(8, 64)
+        >>> y = quantised_linear(x, w, recipe=MXFP8_RECIPE)
+        >>> exact = F.linear(x, w)
+        >>> 0 < ((y - exact).norm() / exact.norm()).item() < 0.1
+        True
+    """
+    tokens = tuple(f".{i}" for i in range(input.dim() - 1))
+    product = _Product(
+        lambda x, w, b: linear(x, w, b),
+        (*tokens, "k"),
+        ("n", "k"),
+        (*tokens, "n"),
+        recipe,
+    )
+    return _apply(product, input, weight, bias)
+
+
+def _matmul_labels(left: int, right: int) -> tuple[Labels, Labels, Labels]:
+    """Labels of ``torch.matmul``'s operands with ``left`` and ``right`` axes."""
+    batch = max(left - 2, right - 2, 0)
+    names = tuple(f".{i}" for i in range(batch))
+    left_labels = ("k",) if left == 1 else (*names[batch - (left - 2) :], "m", "k")
+    right_labels = ("k",) if right == 1 else (*names[batch - (right - 2) :], "k", "n")
+    out = (*names, *(("m",) if left > 1 else ()), *(("n",) if right > 1 else ()))
+    return left_labels, right_labels, out
+
+
+def quantised_matmul(
+    left: Tensor,
+    right: Tensor,
+    *others: Any,
+    recipe: Recipe,
+    matmul: Callable[..., Tensor] = torch.matmul,
+) -> Tensor:
+    """:func:`torch.matmul` with each GEMM's operands quantised along its
+    contraction, as ``recipe`` says (``left`` in the role of the input ``x``,
+    ``right`` in that of ``W^T``; see :class:`Recipe`).
+
+    For ``(..., m, k) @ (..., k, n)`` the forward GEMM contracts ``k``, the one
+    giving ``∂left`` contracts ``n``, the one giving ``∂right`` contracts ``m``
+    and every batch axis along which ``right`` is broadcast (all of ``left``'s
+    leading axes when ``right`` is a matrix).
+
+    Args:
+        left: at least 1-D.
+        right: at least 1-D.
+        others: further arguments of ``matmul`` (a bias); not quantised.
+        recipe: the formats.
+        matmul: the function computing the product, ``matmul(left, right,
+            *others)``, bilinear in ``left`` and ``right``: ``torch.bmm``, a
+            unit-scaled one, or ``addmm`` with its bias among ``others``.
+
+    Example::
+
+        >>> from unit_scaling.formats import MXFP4_RECIPE
+        >>> a, b = torch.randn(2, 4, 64), torch.randn(64, 8)
+        >>> quantised_matmul(a, b, recipe=MXFP4_RECIPE).shape
+        torch.Size([2, 4, 8])
+    """
+    labels = _matmul_labels(left.dim(), right.dim())
+    return _apply(_Product(matmul, *labels, recipe), left, right, *others)
+
+
+def _einsum_labels(
+    equation: str, left: int, right: int
+) -> tuple[Labels, Labels, Labels]:
+    """Labels of a two-operand einsum, ``...`` as ``.0``, ``.1``, ... aligned
+    from the right as broadcasting aligns them."""
+    lhs, arrow, rhs = equation.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    if len(terms) != 2:
+        raise ValueError(
+            f"quantised_einsum takes two operands, got equation {equation!r}"
+        )
+    dims = (left, right)
+    ellipsis = max(
+        (d - len(t.replace("...", "")) for t, d in zip(terms, dims, strict=True)),
+        default=0,
+    )
+
+    def expand(term: str, rank: int) -> Labels:
+        before, dots, after = term.partition("...")
+        filled = [f".{i}" for i in range(ellipsis - rank, ellipsis)] if dots else []
+        labels = (*before, *filled, *after)
+        if len(set(labels)) != len(labels):
+            raise ValueError(
+                f"quantised_einsum: term {term!r} of {equation!r} repeats a "
+                "label (a diagonal is not a GEMM); use torch.einsum"
+            )
+        return labels
+
+    operands = tuple(
+        expand(t, d - len(t.replace("...", "")))
+        for t, d in zip(terms, dims, strict=True)
+    )
+    every = [*operands[0], *operands[1]]
+    if arrow:
+        out = expand(rhs, ellipsis)
+    else:
+        out = (
+            *[f".{i}" for i in range(ellipsis)],
+            *sorted(
+                x for x in set(every) if not x.startswith(".") and every.count(x) == 1
+            ),
+        )
+    return operands[0], operands[1], out
+
+
+def quantised_einsum(
+    equation: str,
+    left: Tensor,
+    right: Tensor,
+    *,
+    recipe: Recipe,
+    einsum: Callable[..., Tensor] = torch.einsum,
+) -> Tensor:
+    """A two-operand :func:`torch.einsum` with each GEMM's operands quantised
+    along its contraction, as ``recipe`` says (``left`` in the role of the
+    input, ``right`` of the weight). Several contracted labels are flattened
+    into one axis, in the order they are first written in ``equation``.
+
+    Args:
+        equation: subscripts such as ``"bij,jk->bik"`` (letters and ``...``;
+            no label twice in one operand).
+        left: the first operand.
+        right: the second.
+        recipe: the formats.
+        einsum: the function computing it, ``einsum(equation, left, right)``.
+
+    Example::
+
+        >>> from unit_scaling.formats import MXFP8_RECIPE
+        >>> a, b = torch.randn(4, 2, 32), torch.randn(32, 2, 8)
+        >>> quantised_einsum("mhk,khn->mn", a, b, recipe=MXFP8_RECIPE).shape
+        torch.Size([4, 8])
+    """
+    labels = _einsum_labels(equation, left.dim(), right.dim())
+    product = _Product(lambda a, b: einsum(equation, a, b), *labels, recipe)
+    return _apply(product, left, right)
+
+
+def quantised_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    recipe: Recipe,
+) -> Tensor:
+    """:func:`torch.nn.functional.scaled_dot_product_attention` as explicit
+    products, each quantised by :func:`quantised_matmul`.
+
+    .. math::
+        y = \\mathrm{dropout}_p\\big(\\mathrm{softmax}(s\\, Q K^T + M)\\big) V
+
+    ``Q K^T`` contracts the head dimension (and its backward GEMMs the keys and
+    the queries), the product with ``V`` contracts the keys. The temperature
+    ``s`` multiplies the GEMM's result, the mask ``M`` (boolean: ``True``
+    attends; or float, added) stays in high precision, as do the softmax and
+    dropout.
+
+    Arguments as :func:`torch.nn.functional.scaled_dot_product_attention`, and
+    ``recipe``, the formats (``query`` and the attention weights in the role of
+    the input, ``key`` and ``value`` in that of the weight).
+
+    Example::
+
+        >>> from unit_scaling.formats import MXFP8_RECIPE
+        >>> q, k, v = torch.randn(3, 2, 4, 32, 16).unbind(0)
+        >>> y = quantised_attention(q, k, v, is_causal=True, recipe=MXFP8_RECIPE)
+        >>> exact = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> 0 < ((y - exact).norm() / exact.norm()).item() < 0.1
+        True
+    """
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        repeats = query.shape[-3] // key.shape[-3]
+        key = key.repeat_interleave(repeats, -3)
+        value = value.repeat_interleave(repeats, -3)
+    temperature = query.shape[-1] ** -0.5 if scale is None else scale
+    scores = quantised_matmul(query, key.transpose(-2, -1), recipe=recipe)
+    scores = scores * temperature
+    if is_causal:
+        rows, columns = scores.shape[-2:]
+        causal = torch.ones(rows, columns, dtype=torch.bool, device=scores.device)
+        scores = scores.masked_fill(~causal.tril(), -math.inf)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, -math.inf)
+        else:
+            scores = scores + attn_mask
+    weights = scores.softmax(-1)
+    if dropout_p > 0:
+        weights = F.dropout(weights, dropout_p)
+    return quantised_matmul(weights, value, recipe=recipe)

@@ -1,0 +1,255 @@
+"""Recipes: which format each operand of each of a matrix product's three GEMMs
+takes, and the options around them (Hadamard transform, per-tensor scale, layers
+kept in high precision)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from ._block import (
+    MXFP4,
+    MXFP6_E2M3,
+    MXFP6_E3M2,
+    MXFP8_E4M3,
+    MXFP8_E5M2,
+    NVFP4,
+    BlockFormat,
+)
+
+__all__ = [
+    "MXFP4_RECIPE",
+    "MXFP6_RECIPE",
+    "MXFP8_E5M2_GRADIENTS_RECIPE",
+    "MXFP8_RECIPE",
+    "NVFP4_RECIPE",
+    "Product",
+    "Recipe",
+    "random_hadamard",
+]
+
+Product = Literal["linear", "readout", "matmul", "attention"]
+"""The kinds of matrix product a recipe may quantise: ``"linear"``, a product with
+a parameter (linear layers, ``addmm``, a matmul or einsum with a weight);
+``"readout"``, the u-μP readout (:func:`unit_scaling.functional.linear_readout`);
+``"matmul"``, a product of two activations; ``"attention"``, the two products
+inside ``scaled_dot_product_attention``."""
+
+_PRODUCTS: tuple[Product, ...] = ("linear", "readout", "matmul", "attention")
+Operands = tuple[BlockFormat | None, BlockFormat | None]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The block formats of a matrix product's three GEMMs, operand by operand.
+
+    For a product :math:`y = x W^T` (a linear layer; for ``y = L R`` read ``L``
+    for ``x`` and ``R^T`` for ``W``), each GEMM's operands are quantised along
+    that GEMM's contraction axis:
+
+    .. math::
+        y = Q_1(x)\\, Q_2(W)^T, \\qquad
+        \\partial x = Q_3(\\partial y)\\, Q_4(W), \\qquad
+        \\partial W = Q_5(\\partial y)^T\\, Q_6(x)
+
+    ``Q1``, ``Q2`` along ``W``'s input features, ``Q3``, ``Q4`` along its output
+    features, ``Q5``, ``Q6`` along the tokens (every leading axis of ``x``). A
+    format's rounding (``BlockFormat.with_rounding``) and block shape
+    (``block_dims=2``: square tiles, so ``W`` and ``W^T`` quantise alike) are the
+    operand's; ``None`` keeps an operand in high precision. Biases, masks and the
+    bias gradient stay in high precision.
+
+    Args:
+        forward: ``(Q1, Q2)``, the formats of ``(x, W)`` in the forward GEMM.
+        grad_input: ``(Q3, Q4)``, of ``(∂y, W)`` in the input-gradient GEMM.
+        grad_weight: ``(Q5, Q6)``, of ``(∂y, x)`` in the weight-gradient GEMM.
+        products: the kinds of product quantised (see :data:`Product`); the
+            others keep their precision.
+        hadamard: apply a random 16x16 Hadamard transform
+            (:func:`random_hadamard`) to both operands of the weight-gradient GEMM
+            along its contraction (the tokens), in consecutive groups of 16 (a
+            shorter tail is left as it is). It cancels in the product, up to
+            quantisation, and spreads outliers across each block.
+        tensor_amax: the amax from which formats with a per-tensor scale (E4M3
+            block scales, as NVFP4) compute it: ``None`` for each tensor's
+            current amax, or a number for a static scale.
+        high_precision: module paths (``fnmatch`` patterns, e.g.
+            ``"transformer.h.11.*"``) whose products keep their precision.
+        high_precision_last: the fraction of the model's blocks (the items of
+            its longest ``nn.ModuleList``), counted from the last and rounded
+            up, whose products keep their precision.
+
+    Example::
+
+        >>> recipe = Recipe(forward=(MXFP4, MXFP4), grad_input=(None, None),
+        ...                 grad_weight=(None, None))
+        >>> print(recipe)
+        Recipe(E2M1FNN-RN/32/E8M0-floor x E2M1FNN-RN/32/E8M0-floor; -; -)
+    """
+
+    forward: Operands
+    grad_input: Operands
+    grad_weight: Operands
+    products: frozenset[Product] = frozenset(_PRODUCTS)
+    hadamard: bool = False
+    tensor_amax: float | None = None
+    high_precision: tuple[str, ...] = ()
+    high_precision_last: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("forward", "grad_input", "grad_weight"):
+            pair = getattr(self, name)
+            if not (
+                isinstance(pair, tuple)
+                and len(pair) == 2
+                and all(f is None or isinstance(f, BlockFormat) for f in pair)
+            ):
+                raise TypeError(
+                    f"{name} must be a pair of BlockFormat (or None for high "
+                    f"precision), got {pair!r}"
+                )
+        products = frozenset(self.products)
+        unknown = sorted(products - set(_PRODUCTS))
+        if unknown:
+            raise ValueError(
+                f"products must be among {_PRODUCTS}, got unknown {unknown}"
+            )
+        object.__setattr__(self, "products", products)
+        if isinstance(self.high_precision, str):
+            raise TypeError(
+                "high_precision must be a tuple of module-path patterns, got the "
+                f"string {self.high_precision!r}: write ({self.high_precision!r},)"
+            )
+        object.__setattr__(self, "high_precision", tuple(self.high_precision))
+        if not 0 <= self.high_precision_last <= 1:
+            raise ValueError(
+                "high_precision_last must be a fraction of the blocks in [0, 1], "
+                f"got {self.high_precision_last}"
+            )
+
+    def keeping(self, *patterns: str) -> Recipe:
+        """This recipe with the products of modules matching ``patterns`` kept in
+        high precision too.
+
+        Example::
+
+            >>> MXFP8_RECIPE.keeping("lm_head").high_precision
+            ('lm_head',)
+        """
+        return dataclasses.replace(
+            self, high_precision=(*self.high_precision, *patterns)
+        )
+
+    def __str__(self) -> str:
+        def pair(formats: Operands) -> str:
+            if formats == (None, None):
+                return "-"
+            return " x ".join(str(f) if f else "high" for f in formats)
+
+        gemms = (self.forward, self.grad_input, self.grad_weight)
+        return f"Recipe({'; '.join(pair(g) for g in gemms)})"
+
+
+@functools.lru_cache(maxsize=16)
+def _hadamard(size: int, seed: int) -> Tensor:
+    matrix = torch.ones(1, 1)
+    while matrix.shape[0] < size:  # Sylvester's construction
+        matrix = torch.cat(
+            [torch.cat([matrix, matrix], 1), torch.cat([matrix, -matrix], 1)], 0
+        )
+    generator = torch.Generator().manual_seed(seed)
+    signs = torch.randint(0, 2, (size,), generator=generator) * 2 - 1
+    randomised: Tensor = matrix * signs * size**-0.5
+    return randomised
+
+
+def random_hadamard(
+    size: int = 16,
+    seed: int = 0,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """A randomised Hadamard matrix :math:`H = n^{-1/2} H_n \\operatorname{diag}(s)`:
+    Sylvester's :math:`H_n` with its columns' signs :math:`s` drawn from a CPU
+    generator seeded with ``seed``. It is orthogonal, :math:`H H^T = I`, so
+    :math:`(a H)(b H)^T = a b^T` for row vectors ``a``, ``b``.
+
+    Args:
+        size: a power of two.
+        seed: the seed of the signs.
+        device: where the matrix is made (drawn on the CPU, then moved).
+        dtype: its dtype.
+
+    Example::
+
+        >>> h = random_hadamard(4)
+        >>> torch.allclose(h @ h.T, torch.eye(4))
+        True
+    """
+    if size < 1 or size & (size - 1):
+        raise ValueError(f"size must be a power of two, got {size}")
+    matrix: Tensor = _hadamard(size, seed).to(device=device, dtype=dtype)
+    return matrix
+
+
+MXFP8_RECIPE = Recipe(
+    forward=(MXFP8_E4M3, MXFP8_E4M3),
+    grad_input=(MXFP8_E4M3, MXFP8_E4M3),
+    grad_weight=(MXFP8_E4M3, MXFP8_E4M3),
+)
+"""MXFP8 with E4M3 elements everywhere, gradients included: Transformer Engine's
+MXFP8 default, since a scale per block of 32 gives gradients the range that E5M2's
+extra exponent bit gave them under one scale per tensor; E4M3's extra mantissa
+bit is then worth more. Every matrix product is quantised."""
+
+MXFP8_E5M2_GRADIENTS_RECIPE = Recipe(
+    forward=(MXFP8_E4M3, MXFP8_E4M3),
+    grad_input=(MXFP8_E5M2, MXFP8_E4M3),
+    grad_weight=(MXFP8_E5M2, MXFP8_E4M3),
+)
+"""MXFP8 with E4M3 weights and activations and E5M2 gradients (the incoming
+gradient ``∂y`` in both backward GEMMs): the split of per-tensor FP8
+(:func:`unit_scaling.transforms.simulate_fp8`), for comparison with it."""
+
+MXFP6_RECIPE = Recipe(
+    forward=(MXFP6_E2M3, MXFP6_E2M3),
+    grad_input=(MXFP6_E3M2, MXFP6_E2M3),
+    grad_weight=(MXFP6_E3M2, MXFP6_E2M3),
+)
+"""MXFP6: E2M3 weights and activations (one more mantissa bit), E3M2 gradients
+(more range, for their heavier tails)."""
+
+MXFP4_RECIPE = Recipe(
+    forward=(MXFP4, MXFP4),
+    grad_input=(MXFP4, MXFP4),
+    grad_weight=(MXFP4, MXFP4),
+)
+"""MXFP4 (E2M1, blocks of 32, E8M0 scales) for every operand of every product."""
+
+_NVFP4_WEIGHT = dataclasses.replace(NVFP4, block_dims=2)
+_NVFP4_GRADIENT = NVFP4.with_rounding("stochastic")
+
+NVFP4_RECIPE = Recipe(
+    forward=(NVFP4, _NVFP4_WEIGHT),
+    grad_input=(_NVFP4_GRADIENT, _NVFP4_WEIGHT),
+    grad_weight=(_NVFP4_GRADIENT, NVFP4),
+    products=frozenset({"linear"}),
+    hadamard=True,
+    high_precision=("lm_head", "*.lm_head"),
+    high_precision_last=0.15,
+)
+"""NVIDIA's NVFP4 pre-training recipe ("Pretraining Large Language Models with
+NVFP4", 2025): NVFP4 for the GEMMs of linear layers only, with 16x16 blocks for
+weights and 1x16 for activations and gradients; stochastic rounding for the
+gradients, round-to-nearest for weights and activations; a random 16x16
+Hadamard transform on the weight-gradient GEMM's inputs; each tensor's per-tensor
+scale from its current amax. The paper keeps in high precision the attention
+products, the output head (here ``lm_head`` and the u-μP readout, which is not a
+``"linear"`` product) and about 15% of the linear layers, most of them at the
+end of the network: here the linear layers of the last 15% of the blocks."""
