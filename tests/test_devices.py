@@ -259,6 +259,10 @@ _DATA = (
     "the corpus and the generator that samples it live on the CPU, as "
     "documented; get_batch() moves each batch to the device asked for"
 )
+_TABLE = (
+    "a format's constant table, built once (cached) on the CPU and moved to the "
+    "device of the values it is used with"
+)
 # Calls allowed a device named in the source, each with its reason. Keyed by
 # module, enclosing function and callee (not by line), so that such a call
 # anywhere else, even in the same module, is still reported.
@@ -282,6 +286,10 @@ ALLOWED_LITERAL_DEVICES: dict[tuple[str, str, str], str] = {
     ("unit_scaling.data", "encode", "torch.tensor"): _DATA,
     ("unit_scaling.data", "_as_generator", "torch.Generator"): _DATA,
     ("unit_scaling.data", "Corpus.batches", "torch.Generator"): _DATA,
+    ("unit_scaling.formats._codes", "element_table", "torch.tensor"): _TABLE,
+    ("unit_scaling.formats._recipe", "_hadamard", "torch.ones"): _TABLE,
+    ("unit_scaling.formats._recipe", "_hadamard", "torch.Generator"): _SEEDED,
+    ("unit_scaling.formats._recipe", "_hadamard", "torch.randint"): _SEEDED,
 }
 
 

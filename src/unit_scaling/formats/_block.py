@@ -406,7 +406,9 @@ def _e8m0_codes(fmt: BlockFormat, amax: Tensor) -> Tensor:
     """int32 E8M0 codes of blocks with float32 ``amax``, by the format's rule."""
     element = fmt.element
     if fmt.scale_rule == "rceil":
-        limit = torch.tensor(element.max_absolute_value, dtype=torch.float32)
+        limit = torch.tensor(
+            element.max_absolute_value, dtype=torch.float32, device=amax.device
+        )
         descale = amax / limit
         exponent = _log2(descale, ceil=True)
         codes = (exponent + E8M0_BIAS).clamp(0, 254)

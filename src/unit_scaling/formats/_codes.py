@@ -96,7 +96,9 @@ def element_table(element: ElementFormat) -> Tensor:
         else:
             bias = (1 << (e - 1)) - 1
             values.append(sign * math.ldexp(1 + mantissa / (1 << m), exponent - bias))
-    return torch.tensor(values, dtype=torch.float32)
+    # Built once per format (cached) on the CPU; callers move it to the codes'
+    # device.
+    return torch.tensor(values, dtype=torch.float32, device="cpu")
 
 
 def pow2(exponent: Tensor) -> Tensor:

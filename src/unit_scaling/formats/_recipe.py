@@ -157,13 +157,13 @@ class Recipe:
 
 @functools.lru_cache(maxsize=16)
 def _hadamard(size: int, seed: int) -> Tensor:
-    matrix = torch.ones(1, 1)
+    matrix = torch.ones(1, 1, device="cpu")  # cached; moved where it is used
     while matrix.shape[0] < size:  # Sylvester's construction
         matrix = torch.cat(
             [torch.cat([matrix, matrix], 1), torch.cat([matrix, -matrix], 1)], 0
         )
-    generator = torch.Generator().manual_seed(seed)
-    signs = torch.randint(0, 2, (size,), generator=generator) * 2 - 1
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    signs = torch.randint(0, 2, (size,), generator=generator, device="cpu") * 2 - 1
     randomised: Tensor = matrix * signs * size**-0.5
     return randomised
 

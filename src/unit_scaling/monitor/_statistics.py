@@ -95,8 +95,10 @@ def raw_statistics(tensor: Tensor, scale: float = 1.0) -> Tensor:
 
 def _one_pass(tensor: Tensor) -> Tensor:
     out = tracking_statistics(tensor)
-    numel = torch.full((1,), float(tensor.numel()), dtype=torch.float64)
-    return torch.cat([out, numel.to(out.device, non_blocking=True)])
+    numel = torch.full(
+        (1,), float(tensor.numel()), dtype=torch.float64, device=out.device
+    )
+    return torch.cat([out, numel])
 
 
 def _scaled(tensor: Tensor, scale: float) -> Tensor:

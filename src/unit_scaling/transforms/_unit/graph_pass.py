@@ -239,12 +239,15 @@ class UnitScalingPass(CapturePass):
         placeholders = zip(
             graph.find_nodes(op="placeholder"), context.example_inputs, strict=False
         )
-        inputs = [
-            node
-            for node, value in placeholders
-            if values.kind(node) is Kind.DATA
-            or (isinstance(value, Tensor) and id(value) in context.call_inputs)
-        ]
+        inputs = _one_per_shape(
+            [
+                node
+                for node, value in placeholders
+                if values.kind(node) is Kind.DATA
+                or (isinstance(value, Tensor) and id(value) in context.call_inputs)
+            ],
+            values,
+        )
         named = {
             node: key_to_text(capture_key(name, "parameter", inputs, values, Counter()))
             for node, name in readable.items()
@@ -649,3 +652,17 @@ def _constant_outputs(graph: Graph, values: GraphValues) -> frozenset[int]:
         and (info := values.tensor(node)) is not None
         and info.is_float
     )
+
+
+def _one_per_shape(inputs: list[Node], values: GraphValues) -> list[Node]:
+    """One of ``inputs`` for each distinct shape beyond the leading (batch)
+    dimension, in the order of the shapes, scalars left out: what a gradient
+    scale depends on is the sizes a call sums over (a sequence length, an image
+    size), not which inputs carry them. A count or an attention mask the caller
+    passes, or not, keeps the key; so does a batch of another size."""
+    kept: dict[tuple[int, ...], Node] = {}
+    for node in inputs:
+        info = values.tensor(node)
+        if info is not None and len(info.shape) >= 1:
+            kept.setdefault(tuple(info.shape[1:]), node)
+    return [kept[shape] for shape in sorted(kept)]
