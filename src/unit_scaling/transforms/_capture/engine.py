@@ -109,6 +109,10 @@ class CaptureContext:
     # arguments): Dynamo bakes such a number into a graph as a constant until
     # it changes, so this tells a count the caller passes from a literal.
     call_numbers: frozenset[float] = frozenset()
+    # The distinct shapes, beyond the leading (batch) dimension, of the tensors
+    # the caller passed (scalars left out), sorted: the sizes a call sums over
+    # (a sequence length, an image size), whichever graph of the call this is.
+    call_shapes: tuple[tuple[int, ...], ...] = ()
 
 
 class StatefulPass:
@@ -436,6 +440,15 @@ class TransformedForward:
                 x
                 for x in pytree.tree_leaves(state.current_call or ())
                 if isinstance(x, (int, float)) and not isinstance(x, bool)
+            ),
+            tuple(
+                sorted(
+                    {
+                        tuple(x.shape[1:])
+                        for x in pytree.tree_leaves(state.current_call or ())
+                        if isinstance(x, Tensor) and x.dim() >= 1
+                    }
+                )
             ),
         )
         gm = _run_passes(state, gm, context)

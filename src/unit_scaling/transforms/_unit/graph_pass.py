@@ -227,29 +227,24 @@ class UnitScalingPass(CapturePass):
     ) -> None:
         """Bring gradients to unit scale where the rules leave their scale free
         (see ``gradients``) at cut vertices and parameters, measured at the
-        first capture of the shapes of the graph's inputs beyond their batch
+        first capture for the shapes of the call's inputs beyond their batch
         dimension and reused by later ones: one function at any input, whatever
         shapes came first."""
         graph = gm.graph
         # A gradient depends on what is summed downstream of it (the tokens of
         # a sequence or an image of another size, of a broadcast conditioning
-        # vector): each scale is keyed by the shapes of the graph's inputs
-        # beyond their batch dimension, its activations and the tensors the
-        # caller passed (token ids).
-        placeholders = zip(
-            graph.find_nodes(op="placeholder"), context.example_inputs, strict=False
-        )
-        inputs = _one_per_shape(
-            [
-                node
-                for node, value in placeholders
-                if values.kind(node) is Kind.DATA
-                or (isinstance(value, Tensor) and id(value) in context.call_inputs)
-            ],
-            values,
-        )
+        # vector): each scale is keyed by the distinct shapes, beyond the batch
+        # dimension, of the tensors the caller passed (token ids, images; not
+        # which of them: a mask or a count passed or not keeps the key), and a
+        # cut vertex's also by this graph's activations. A parameter's key is
+        # the call's alone: a model captured whole and then in pieces (FSDP2's
+        # blocks) keeps the scales it measured.
+        inputs = [
+            n for n in graph.find_nodes(op="placeholder") if values.kind(n) is Kind.DATA
+        ]
+        called = context.call_shapes
         named = {
-            node: key_to_text(capture_key(name, "parameter", inputs, values, Counter()))
+            node: key_to_text((name, "parameter", called, 1))
             for node, name in readable.items()
         }
         for node, key in named.items():
@@ -274,12 +269,15 @@ class UnitScalingPass(CapturePass):
         seen: Counter[Any] = Counter()
         keys = {
             vertex: key_to_text(
-                capture_key(
-                    module_path(vertex),
-                    op_name(vertex),
-                    [vertex, *inputs],
-                    values,
-                    seen,
+                _with_call_shapes(
+                    capture_key(
+                        module_path(vertex),
+                        op_name(vertex),
+                        [vertex, *inputs],
+                        values,
+                        seen,
+                    ),
+                    called,
                 )
             )
             for vertex in cuts
@@ -654,15 +652,9 @@ def _constant_outputs(graph: Graph, values: GraphValues) -> frozenset[int]:
     )
 
 
-def _one_per_shape(inputs: list[Node], values: GraphValues) -> list[Node]:
-    """One of ``inputs`` for each distinct shape beyond the leading (batch)
-    dimension, in the order of the shapes, scalars left out: what a gradient
-    scale depends on is the sizes a call sums over (a sequence length, an image
-    size), not which inputs carry them. A count or an attention mask the caller
-    passes, or not, keeps the key; so does a batch of another size."""
-    kept: dict[tuple[int, ...], Node] = {}
-    for node in inputs:
-        info = values.tensor(node)
-        if info is not None and len(info.shape) >= 1:
-            kept.setdefault(tuple(info.shape[1:]), node)
-    return [kept[shape] for shape in sorted(kept)]
+def _with_call_shapes(
+    key: tuple[Any, ...], called: tuple[tuple[int, ...], ...]
+) -> tuple[Any, ...]:
+    """A capture key whose shapes also hold the call's input shapes."""
+    where, op, shapes, occurrence = key
+    return (where, op, (*shapes, *called), occurrence)
