@@ -100,4 +100,6 @@ def test_the_examples_are_many_and_found() -> None:
         "unit_scaling.utils",
         "admin_torch.admin",
     ):
-        assert counts[name] > 0, name
+        # (a package's examples are in its modules)
+        found = sum(n for module, n in counts.items() if module.startswith(name))
+        assert found > 0, name
