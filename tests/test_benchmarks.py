@@ -655,6 +655,7 @@ def test_the_trainer_step_section_reports_its_ratio(
     assert 0 < low <= ratio <= high  # (no bound on timing: the load varies)
 
 
+@pytest.mark.integration  # (half a minute: three models' steps)
 def test_the_monitor_section_reports_every_model_and_ratio(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

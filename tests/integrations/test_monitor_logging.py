@@ -23,6 +23,12 @@ from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E4
 from unit_scaling.integrations.hf import MonitorCallback, add_monitor  # noqa: E402
 from unit_scaling.integrations.tensorboard import TensorBoardLogger  # noqa: E402
 
+# The default run's share (tests/conftest.py): a Trainer run each way is ~4 s.
+DEFAULT_RUN = [
+    "test_a_tensorboard_event_file_receives_the_tags",
+    "test_trainer_reporters_receive_the_tags[callbacks]",
+]
+
 
 def _scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
     events = EventAccumulator(str(directory), size_guidance={"scalars": 0})
