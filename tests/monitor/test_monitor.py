@@ -225,6 +225,27 @@ def test_alerts_fire_once_on_a_planted_drift(caplog: pytest.LogCaptureFixture) -
     assert len(caplog.records) == len(monitor.alerts.fired)
 
 
+def test_each_kind_is_checked_against_the_format_it_is_cast_to() -> None:
+    model = nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    # a gradient past E4M3's 448 but within E5M2's 57344: fine in the recipe
+    loud = AlertPolicy(casts={"weight_grad": ("e4m3",)})
+    quiet = Monitor(model, every=1, kinds=("weight_grad",))
+    checked = Monitor(model, every=1, kinds=("weight_grad",), alerts=loud)
+    (model(x).sum() * 1000).backward()
+    quiet.step()
+    checked.step()
+    assert quiet.alerts is not None and quiet.alerts.fired == []
+    assert checked.alerts is not None
+    assert any("saturate in E4M3" in m for m in checked.alerts.fired)
+    with pytest.raises(ValueError, match="unknown kinds"):
+        AlertPolicy(casts={"gradient": ("e5m2",)})
+    with pytest.raises(ValueError, match="unknown formats"):
+        AlertPolicy(casts={"weight": ("e3m4",)})
+
+
 def test_alerts_can_raise() -> None:
     model = nn.Linear(4, 4)
     with torch.no_grad():

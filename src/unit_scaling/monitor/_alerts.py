@@ -14,8 +14,14 @@ __all__ = ["AlertPolicy", "Alerts", "ScaleAlertError"]
 
 logger = logging.getLogger("unit_scaling.monitor")
 
-# The kinds whose scale a cast sees; an update is a difference of weights.
-_CAST_KINDS = ("activation", "activation_grad", "weight", "weight_grad")
+# The usual FP8 recipe: values forward in E4M3, gradients in E5M2. (An update
+# is a difference of weights: no cast sees it.)
+RECIPE_CASTS: dict[str, tuple[str, ...]] = {
+    "activation": ("e4m3",),
+    "weight": ("e4m3",),
+    "activation_grad": ("e5m2",),
+    "weight_grad": ("e5m2",),
+}
 
 
 class ScaleAlertError(RuntimeError):
@@ -27,12 +33,15 @@ class AlertPolicy:
     """When the monitor warns (once per tensor and condition).
 
     Args:
-        saturated: the fraction of a tensor that would saturate in one of
-            ``formats`` above which it warns.
+        saturated: the fraction of a tensor that would saturate, in a format
+            it is cast to (see ``casts``), above which it warns.
         flushed: the fraction that would flush to zero above which it warns (a
             few percent is usual in the query and key gradients of unit-scaled
             attention, whose RMS is below 1).
-        formats: the formats checked (names in :data:`FORMATS`).
+        casts: the formats each kind of tensor is checked against (names in
+            :data:`FORMATS`), by kind; default: the usual FP8 recipe's, E4M3
+            for activations and weights, E5M2 for their gradients. A kind not
+            listed is checked for its RMS only.
         rms_band: for a unit-scaled model, the RMS must stay within
             ``[1 / rms_band, rms_band]``.
         drift: for any other model, the RMS must stay within a factor
@@ -47,7 +56,9 @@ class AlertPolicy:
 
     saturated: float = 1e-4
     flushed: float = 0.05
-    formats: tuple[str, ...] = ("e4m3", "e5m2")
+    casts: Mapping[str, tuple[str, ...]] = dataclasses.field(
+        default_factory=lambda: dict(RECIPE_CASTS)
+    )
     rms_band: float = 8.0
     drift: float = 8.0
     raise_on_alert: bool = False
@@ -65,11 +76,17 @@ class AlertPolicy:
                 raise ValueError(
                     f"AlertPolicy: {name} is a factor above 1, got {value!r}"
                 )
-        unknown = set(self.formats) - set(FORMATS)
+        kinds = {"activation", "activation_grad", "weight", "weight_grad", "update"}
+        if not set(self.casts) <= kinds:
+            raise ValueError(
+                "AlertPolicy: casts has unknown kinds "
+                f"{sorted(set(self.casts) - kinds)}; expected some of {sorted(kinds)}"
+            )
+        unknown = {f for formats in self.casts.values() for f in formats} - set(FORMATS)
         if unknown:
             raise ValueError(
-                f"AlertPolicy: unknown formats {sorted(unknown)}; expected names "
-                f"in {sorted(FORMATS)}"
+                f"AlertPolicy: unknown formats {sorted(unknown)} in casts; expected "
+                f"names in {sorted(FORMATS)}"
             )
 
 
@@ -90,9 +107,9 @@ class Alerts:
         """Warn about every tensor of one record that crosses a threshold."""
         policy = self.policy
         for (tensor, kind), stats in values.items():
-            if kind not in _CAST_KINDS:
-                continue
-            for fmt in policy.formats:
+            if kind == "update":
+                continue  # (its RMS is the learning rate's business)
+            for fmt in policy.casts.get(kind, ()):
                 for what, limit in (
                     ("saturated", policy.saturated),
                     ("flushed", policy.flushed),
