@@ -6,6 +6,7 @@ import fnmatch
 import logging
 import math
 import operator
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -179,7 +180,15 @@ def _attention_target(target: Callable[..., Any], recipe: Recipe) -> Callable[..
         if target is F.scaled_dot_product_attention:
             return quantised_attention(*args, recipe=recipe)
         if attn_mask is not None and attn_mask.requires_grad:
-            # A learned mask's gradient scale is U's own; keep the whole op.
+            # A learned mask's gradient scale is U's own; keep the whole op,
+            # and say so (once per call site, Python's default).
+            warnings.warn(
+                "simulate_format: an attention whose mask is learned (needs a "
+                "gradient) stays in high precision: its two products are not "
+                "quantised by the recipe",
+                UserWarning,
+                stacklevel=2,
+            )
             exact: Tensor = target(*args, mult=mult)
             return exact
         temperature, c = attention_scales("U.scaled_dot_product_attention", *args, mult)
