@@ -39,7 +39,6 @@ from unit_scaling.formats import (
 from unit_scaling.formats._codes import element_codes, element_table
 
 from .make_fixtures import CAST_ELEMENTS, MX_ELEMENTS, RULES, digest, every_pattern
-from .make_fixtures import load as load_fixtures
 
 ELEMENTS: dict[str, FPFormat | IntFormat] = {
     "e4m3": FP8_E4M3,
@@ -57,11 +56,6 @@ MX = {
     "e2m1": MXFP4,
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-@pytest.fixture(scope="module")
-def fixtures() -> dict[str, Any]:
-    return load_fixtures()
 
 
 # An independent reference: the format's values listed from its definition,

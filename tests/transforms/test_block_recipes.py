@@ -47,6 +47,7 @@ DEFAULT_RUN = {
     "test_attention_is_quantised",
     "test_recipe_keeps_listed_layers",
     "test_recipe_keeps_last_blocks",
+    "test_recipe_keeps_the_output_head",
     "test_recipe_on_unit_scaled_mlp[MXFP8]",
     "test_recipe_composes_with_unit_scale",
     "test_zoo_gpt2[MXFP8]",
@@ -236,8 +237,23 @@ def test_recipe_keeps_listed_layers(caplog: pytest.LogCaptureFixture) -> None:
 def test_recipe_keeps_last_blocks(caplog: pytest.LogCaptureFixture) -> None:
     recipe = dataclasses.replace(MXFP4_RECIPE, high_precision_last=0.3)
     assert len(_kept(_Blocks(), recipe, caplog)) == 2  # ceil(0.3 * 4)
-    # NVIDIA's recipe: the last 15% of the blocks (here one) and no others
-    assert len(_kept(_Blocks(), NVFP4_RECIPE, caplog)) == 1
+    # NVIDIA's recipe: the last 15% of the blocks (here one) and the head
+    assert len(_kept(_Blocks(), NVFP4_RECIPE, caplog)) == 2
+    no_head = dataclasses.replace(NVFP4_RECIPE, high_precision_head=False)
+    assert len(_kept(_Blocks(), no_head, caplog)) == 1
+
+
+def test_recipe_keeps_the_output_head(caplog: pytest.LogCaptureFixture) -> None:
+    """The head is the last ``nn.Linear``, or what a Hugging Face model's
+    ``get_output_embeddings`` names (here not the last linear)."""
+    recipe = dataclasses.replace(MXFP4_RECIPE, high_precision_head=True)
+    assert _kept(_Blocks(), recipe, caplog) == {"linear_4"}  # the fifth linear
+
+    class Named(_Blocks):
+        def get_output_embeddings(self) -> nn.Module:
+            return self.layers[0]
+
+    assert _kept(Named(), recipe, caplog) == {"linear"}  # the first
 
 
 RECIPES = {"MXFP8": MXFP8_RECIPE, "MXFP4": MXFP4_RECIPE, "NVFP4": NVFP4_RECIPE}

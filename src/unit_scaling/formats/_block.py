@@ -51,6 +51,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
+from ._block_native import native_quantise
 from ._codes import (
     E8M0_BIAS,
     E8M0_NAN,
@@ -215,6 +216,10 @@ class BlockFormat:
             >>> MXFP8_E4M3.quantise(torch.tensor([0.3, 100.0]))  # 100 * 4 ties
             tensor([ 0.3125, 96.0000])
         """
+        if isinstance(x, Tensor) and x.is_floating_point() and x.dtype != torch.float64:
+            fast = _quantise_native(self, x, axis, tensor_amax)
+            if fast is not None:
+                return fast
         blocked = _quantise_blocks(self, x, axis, tensor_amax)
         values = blocked.elements * blocked.scales.unsqueeze(-1)
         if blocked.tensor_scale is not None:
@@ -440,20 +445,19 @@ def _log2(a: Tensor, ceil: bool) -> Tensor:
     return exponent + (fraction > 0.5).int() if ceil else exponent
 
 
-def _nvfp4_blocks(
-    fmt: BlockFormat,
-    x: Tensor,
-    blocks: Tensor,
-    amax: Tensor,
-    tensor_amax: float | Tensor | None,
-    layout: _Layout,
-) -> _Blocked:
-    """E4M3 block scales under a float32 per-tensor scale, in the order of
-    Transformer Engine's reference (see the module's note 6)."""
+def _tensor_scales(
+    fmt: BlockFormat, x: Tensor, tensor_amax: float | Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """NVFP4's float32 per-tensor encode scale ``448 * max / amax`` and its
+    inverse, the decode scale, from ``x``'s amax or ``tensor_amax``."""
     f32 = torch.float32
-    device = blocks.device
+    device = x.device
     if tensor_amax is None:
-        global_amax = x.detach().abs().amax().float() if x.numel() else amax.sum()
+        global_amax = (
+            x.detach().abs().amax().float()
+            if x.numel()
+            else torch.zeros((), dtype=f32, device=device)
+        )
     else:
         global_amax = torch.as_tensor(tensor_amax, dtype=f32, device=device)
         if global_amax.numel() != 1:
@@ -466,7 +470,44 @@ def _nvfp4_blocks(
     one = torch.tensor(1.0, dtype=f32, device=device)
     encode = torch.minimum(torch.div(_E4M3_MAX * elem_max, global_amax), fp32_max)
     encode = torch.where(encode == 0, one, encode)
-    decode = torch.div(one, encode)
+    return encode, torch.div(one, encode)
+
+
+def _quantise_native(
+    fmt: BlockFormat, x: Tensor, axis: int, tensor_amax: float | Tensor | None
+) -> Tensor | None:
+    """:meth:`BlockFormat.quantise` by the C++ kernel where it serves, else
+    ``None`` (errors are left to the eager path, which raises them)."""
+    if fmt.block_dims != 1 or not isinstance(axis, int) or isinstance(axis, bool):
+        return None
+    if not -x.dim() <= axis < x.dim() or (
+        tensor_amax is not None and fmt.scale != "e4m3"
+    ):
+        return None
+    encode = decode = None
+    if fmt.scale == "e4m3":
+        if isinstance(tensor_amax, Tensor) and tensor_amax.numel() != 1:
+            return None
+        encode, decode = _tensor_scales(fmt, x, tensor_amax)
+    return native_quantise(fmt, x, axis % x.dim(), encode, decode)
+
+
+def _nvfp4_blocks(
+    fmt: BlockFormat,
+    x: Tensor,
+    blocks: Tensor,
+    amax: Tensor,
+    tensor_amax: float | Tensor | None,
+    layout: _Layout,
+) -> _Blocked:
+    """E4M3 block scales under a float32 per-tensor scale, in the order of
+    Transformer Engine's reference (see the module's note 6)."""
+    f32 = torch.float32
+    device = blocks.device
+    encode, decode = _tensor_scales(fmt, x, tensor_amax)
+    elem_max = torch.tensor(fmt.element.max_absolute_value, dtype=f32, device=device)
+    fp32_max = torch.tensor(_FLOAT32_MAX, dtype=f32, device=device)
+    one = torch.tensor(1.0, dtype=f32, device=device)
     block_scale = amax * (encode * torch.div(one, elem_max))
     block_scale = torch.minimum(block_scale, fp32_max).clamp(-_E4M3_MAX, _E4M3_MAX)
     block_scale = block_scale.to(torch.float8_e4m3fn)

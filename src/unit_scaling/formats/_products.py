@@ -22,6 +22,7 @@ the unquantised ``∂y``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._block import BlockFormat
 from ._recipe import Recipe, random_hadamard
@@ -86,9 +88,12 @@ def _rotate(flat: Tensor, hadamard: Tensor) -> Tensor:
     if whole == 0:
         return flat
     lead = flat.shape[:-1]
-    head = (flat[..., :whole].reshape(*lead, whole // size, size) @ hadamard).reshape(
-        *lead, whole
-    )
+    # One (rows, size) x (size, size) GEMM: a batched product of this shape
+    # runs on CPU as one small GEMM per row.
+    groups = flat[..., :whole].reshape(-1, size)
+    head = torch.mm(groups, hadamard).reshape(*lead, whole)
+    if whole == flat.shape[-1]:
+        return head
     return torch.cat([head, flat[..., whole:]], -1)
 
 
@@ -103,6 +108,24 @@ def _prepare(
     and quantised along those axes, flattened in the given order."""
     if fmt is None and not rotate:
         return x
+    first = dims[0] if dims else 0
+    if not rotate and fmt is not None and dims == list(range(first, first + len(dims))):
+        # The contracted axes are adjacent and in order: quantise along them
+        # merged, in x's own layout (no transposed copy, a contiguous result).
+        merged = (
+            x.reshape(
+                *x.shape[:first],
+                math.prod(x.shape[d] for d in dims),
+                *x.shape[first + len(dims) :],
+            )
+            if len(dims) != 1
+            else x
+        )
+        if fmt.block_dims == 2 and merged.dim() < 2:
+            fmt = BlockFormat(fmt.element, fmt.block_size, fmt.scale, fmt.scale_rule)
+        if fmt.block_dims == 1 or first >= merged.dim() - 2:
+            amax = recipe.tensor_amax if fmt.scale == "e4m3" else None
+            return fmt.quantise(merged, first, tensor_amax=amax).reshape(x.shape)
     kept = [d for d in range(x.dim()) if d not in dims]
     order = kept + dims
     moved = x.permute(order)
@@ -167,38 +190,80 @@ class _QuantisedProductFn(torch.autograd.Function):
         rotate = recipe.hadamard and math.prod(
             left.shape[d] for d in dims_left
         ) == math.prod(out_shape[d] for d in dims_out_r)
-        with torch.enable_grad():
-            b_left = left.detach()
-            if needs[1]:
-                b_left = _prepare(
-                    b_left, dims_left, recipe.grad_weight[1], recipe, rotate
-                )
-            b_right = right.detach()
-            if needs[0]:
-                b_right = _prepare(b_right, dims_right, recipe.grad_input[1], recipe)
-            b_left.requires_grad_(needs[0])
-            b_right.requires_grad_(needs[1])
-            saved_iter = iter(saved)
-            others = [
-                next(saved_iter).detach().requires_grad_(need) if is_saved else o
-                for o, is_saved, need in zip(
-                    ctx.others, ctx.saved, needs[2:], strict=True
-                )
-            ]
-            out = product.op(b_left, b_right, *others)
-        grads: list[Tensor | None] = [None] * (2 + len(others))
+        grads: list[Tensor | None] = [None] * (2 + len(ctx.others))
+        saved_iter = iter(saved)
+        others = [
+            next(saved_iter).detach() if is_saved else o
+            for o, is_saved in zip(ctx.others, ctx.saved, strict=True)
+        ]
+        # One graph per gradient, only its own input requiring grad (a custom
+        # Function computes every gradient its inputs need), each recomputing
+        # the product's forward without its GEMMs (their results are unused).
         if needs[0]:
+            q_right = _prepare(right.detach(), dims_right, recipe.grad_input[1], recipe)
             g = _prepare(grad, dims_out_l, recipe.grad_input[0], recipe)
-            grads[0] = torch.autograd.grad(out, b_left, g, retain_graph=True)[0]
+            grads[0] = _vjp(product, [left.detach(), q_right, *others], 0, g)
         if needs[1]:
+            q_left = _prepare(
+                left.detach(), dims_left, recipe.grad_weight[1], recipe, rotate
+            )
             g = _prepare(grad, dims_out_r, recipe.grad_weight[0], recipe, rotate)
-            grads[1] = torch.autograd.grad(out, b_right, g, retain_graph=True)[0]
-        wanted = [i for i, need in enumerate(needs[2:]) if need]
-        if wanted:
-            found = torch.autograd.grad(out, [others[i] for i in wanted], grad)
-            for i, value in zip(wanted, found, strict=True):
-                grads[2 + i] = value
+            grads[1] = _vjp(product, [q_left, right.detach(), *others], 1, g)
+        for i, need in enumerate(needs[2:]):
+            if need:
+                operands = [left.detach(), right.detach(), *others]
+                grads[2 + i] = _vjp(product, operands, 2 + i, grad)
         return (None, *grads)
+
+
+_GEMMS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten.baddbmm.default,
+}
+
+
+class _WithoutGemms(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """GEMMs return uninitialised memory of their result's shape: for a
+    forward pass run only for its autograd graph, whose GEMM backward reads
+    the operands, never the result."""
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if func in _GEMMS:
+            a, b = args[-2], args[-1]
+            return a.new_empty((*a.shape[:-1], b.shape[-1]))
+        return func(*args, **(kwargs or {}))
+
+
+def _plain(tensors: list[Any]) -> bool:
+    return not torch.compiler.is_compiling() and all(
+        type(t) is Tensor and t.device.type in ("cpu", "cuda")
+        for t in tensors
+        if isinstance(t, Tensor)
+    )
+
+
+def _vjp(product: _Product, operands: list[Any], index: int, grad: Tensor) -> Tensor:
+    """The gradient of ``product.op(*operands)`` with respect to
+    ``operands[index]`` (a tensor), for the incoming gradient ``grad``."""
+    operands = list(operands)
+    wrt = operands[index] = operands[index].detach().requires_grad_()
+    mode = (
+        _WithoutGemms()  # type: ignore[no-untyped-call]
+        if _plain(operands)
+        else contextlib.nullcontext()
+    )
+    with torch.enable_grad(), mode:
+        out = product.op(*operands)
+    found: Tensor = torch.autograd.grad(out, wrt, grad)[0]
+    return found
 
 
 def _sizes(product: _Product, left: Tensor, right: Tensor) -> dict[str, int]:

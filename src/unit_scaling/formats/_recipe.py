@@ -83,6 +83,10 @@ class Recipe:
         high_precision_last: the fraction of the model's blocks (the items of
             its longest ``nn.ModuleList``), counted from the last and rounded
             up, whose products keep their precision.
+        high_precision_head: keep the output head's products in high
+            precision: the module a Hugging Face model's
+            ``get_output_embeddings()`` returns, else the model's last
+            ``nn.Linear`` (in registration order).
 
     Example::
 
@@ -100,6 +104,7 @@ class Recipe:
     tensor_amax: float | None = None
     high_precision: tuple[str, ...] = ()
     high_precision_last: float = 0.0
+    high_precision_head: bool = False
 
     def __post_init__(self) -> None:
         for name in ("forward", "grad_input", "grad_weight"):
@@ -241,8 +246,8 @@ NVFP4_RECIPE = Recipe(
     grad_weight=(_NVFP4_GRADIENT, NVFP4),
     products=frozenset({"linear"}),
     hadamard=True,
-    high_precision=("lm_head", "*.lm_head"),
     high_precision_last=0.15,
+    high_precision_head=True,
 )
 """NVIDIA's NVFP4 pre-training recipe ("Pretraining Large Language Models with
 NVFP4", 2025): NVFP4 for the GEMMs of linear layers only, with 16x16 blocks for
@@ -250,6 +255,7 @@ weights and 1x16 for activations and gradients; stochastic rounding for the
 gradients, round-to-nearest for weights and activations; a random 16x16
 Hadamard transform on the weight-gradient GEMM's inputs; each tensor's per-tensor
 scale from its current amax. The paper keeps in high precision the attention
-products, the output head (here ``lm_head`` and the u-μP readout, which is not a
-``"linear"`` product) and about 15% of the linear layers, most of them at the
-end of the network: here the linear layers of the last 15% of the blocks."""
+products, the output head (``high_precision_head``; the u-μP readout is not a
+``"linear"`` product in any case) and about 15% of the linear layers, most of
+them at the end of the network: here the linear layers of the last 15% of the
+blocks."""

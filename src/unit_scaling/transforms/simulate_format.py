@@ -314,6 +314,19 @@ def _last_blocks(module: nn.Module, fraction: float) -> tuple[str, ...]:
     return tuple(f"{prefix}{i}" for i in range(len(blocks) - count, len(blocks)))
 
 
+def _output_head(module: nn.Module) -> tuple[str, ...]:
+    """The path of ``module``'s output head: the module its
+    ``get_output_embeddings()`` returns (Hugging Face models), else its last
+    ``nn.Linear``; none if it has neither."""
+    getter = getattr(module, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
+    linears = [n for n, m in module.named_modules() if isinstance(m, nn.Linear)]
+    for name, found in module.named_modules():
+        if head is not None and found is head:
+            return (name,)
+    return tuple(linears[-1:])
+
+
 def simulate_format(
     module: M, fwd_format: FPFormat | Recipe, bwd_format: FPFormat | None = None
 ) -> M:
@@ -361,6 +374,8 @@ def simulate_format(
         kept = fwd_format.high_precision + _last_blocks(
             module, fwd_format.high_precision_last
         )
+        if fwd_format.high_precision_head:
+            kept += _output_head(module)
         graph_pass: GraphPass = _RecipePass(fwd_format, kept)
     else:
         for name, fmt in (("fwd_format", fwd_format), ("bwd_format", bwd_format)):
