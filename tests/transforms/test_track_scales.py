@@ -42,7 +42,14 @@ def _tracked_nodes(graph: Graph) -> list:  # type: ignore[type-arg]
 
 
 def _fields(data: Metrics.Data | None) -> dict[str, float]:
-    return {} if data is None else dataclasses.asdict(data)
+    """The scale statistics (the ``block_*`` fields are NaN, not measured,
+    without ``track_scales(..., block_format=...)``:
+    tests/formats/test_quantisation_statistics.py tests them)."""
+    if data is None:
+        return {}
+    return {
+        k: v for k, v in dataclasses.asdict(data).items() if not k.startswith("block_")
+    }
 
 
 @dataclasses.dataclass

@@ -79,6 +79,18 @@ def _rows(graph: Graph, metric: str, show_zero_tensors: bool) -> list[_Row]:
     return rows
 
 
+def _check_recorded(rows: list[_Row], metric: str) -> None:
+    """A ``block_*`` metric exists only where a block format was tracked."""
+    if not metric.startswith("block_"):
+        return
+    values = [_value(d, metric) for r in rows for d in (r.fwd, r.bwd)]
+    if not any(v is not None and not math.isnan(v) for v in values):
+        raise ValueError(
+            f"plot: {metric!r} was not recorded: track the model with "
+            "track_scales(model, block_format=...) to measure a block format"
+        )
+
+
 def _limits(
     rows: list[_Row], metric: str, xmin: float | None, xmax: float | None
 ) -> tuple[float, float]:
@@ -302,6 +314,7 @@ def plot(
     if prune_same_scale:
         graph = prune_same_scale_tensors(graph)
     rows = _rows(graph, metric, show_zero_tensors)
+    _check_recorded(rows, metric)
     if per_tensor is None:
         per_tensor = ax is not None or len(rows) <= _MAX_PER_TENSOR_ROWS
     if not per_tensor:

@@ -27,6 +27,9 @@ along its own contraction: :data:`MXFP8_RECIPE`, :data:`MXFP8_E5M2_GRADIENTS_REC
 :func:`quantised_linear`, :func:`quantised_matmul`, :func:`quantised_einsum` and
 :func:`quantised_attention` compute products that way;
 :func:`unit_scaling.transforms.simulate_format` applies a recipe to a model.
+:func:`quantisation_statistics` measures what a block format does to a tensor
+(flushed and saturated fractions, MSE and SQNR, blocks' dynamic range), as
+``track_scales(model, block_format=...)`` does for every tensor of a model.
 
 Quantisation is one fused pass over memory: a kernel compiled with ``torch.compile``
 lazily, once per input dtype (the format is passed as data, so all formats share
@@ -67,7 +70,9 @@ from ._recipe import (
     Product,
     Recipe,
     random_hadamard,
+    recipe_with_rule,
 )
+from ._statistics import QuantisationStatistics, quantisation_statistics
 
 __all__ = [
     "FP4_E2M1",
@@ -93,12 +98,15 @@ __all__ = [
     "FPFormat",
     "IntFormat",
     "Product",
+    "QuantisationStatistics",
     "Recipe",
     "format_to_tuple",
+    "quantisation_statistics",
     "quantised_attention",
     "quantised_einsum",
     "quantised_linear",
     "quantised_matmul",
     "random_hadamard",
+    "recipe_with_rule",
     "tuple_to_format",
 ]

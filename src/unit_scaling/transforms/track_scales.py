@@ -19,6 +19,7 @@ import logging
 
 from torch import nn
 
+from ..formats import BlockFormat
 from ._capture.engine import (
     M,
     Place,
@@ -50,7 +51,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def track_scales(module: M) -> M:
+def track_scales(module: M, *, block_format: BlockFormat | None = None) -> M:
     """Return a copy of ``module`` that records the scale of every tensor it uses.
 
     After a forward (and optionally backward) pass, ``model.scales_graph()``
@@ -66,6 +67,14 @@ def track_scales(module: M) -> M:
     Values inside code traced under ``vmap`` are per-sample views, not tensors
     of the program: they are not tracked (``outputs_float_tensor`` is false).
 
+    With a ``block_format`` (:class:`~unit_scaling.formats.BlockFormat`), each
+    tensor and gradient is also quantised to it, in blocks along its last axis
+    (a weight's and an activation's features: the forward GEMM's contraction),
+    and its ``block_*`` fields report what that does
+    (:func:`~unit_scaling.formats.quantisation_statistics`: the fractions that
+    flush and saturate, the MSE and SQNR, the blocks' dynamic range); without
+    one they are NaN. This costs an eager quantisation of every tensor.
+
     Floating-point tensor inputs get ``requires_grad_()`` so that their gradients
     are tracked too, unless the model cannot take such inputs (it sets
     ``requires_grad`` on a tensor computed from them): then the call is rerun
@@ -80,7 +89,17 @@ def track_scales(module: M) -> M:
         >>> graph = model.scales_graph()
         >>> [n.meta["clean_name"] for n in graph.nodes if "metrics" in n.meta]
         ['0.weight', '0.bias', 'input', 'input_1', 'input_2']
+        >>> from unit_scaling.formats import MXFP4
+        >>> model = track_scales(nn.Linear(64, 8), block_format=MXFP4)
+        >>> model(torch.randn(4, 64)).sum().backward()
+        >>> node = next(n for n in model.scales_graph().nodes if "metrics" in n.meta)
+        >>> 10 < node.meta["metrics"].fwd.block_sqnr_db < 20  # the weight in MXFP4
+        True
     """
+    if block_format is not None and not isinstance(block_format, BlockFormat):
+        raise TypeError(
+            f"block_format must be a BlockFormat, got {type(block_format).__name__}"
+        )
     previous = transform_state(module) if isinstance(module, nn.Module) else None
     if previous is not None and previous.config.backend is not None:
         logger.info(
@@ -91,7 +110,7 @@ def track_scales(module: M) -> M:
         name="track_scales",
         label="scale tracking backend",
         place=Place.OBSERVE,
-        graph_pass=TrackingPass(),
+        graph_pass=TrackingPass(block_format),
         eager=True,
         non_recurse=UNIT_SCALED_FUNCTIONS,
         before_call=(make_inputs_require_grad,),

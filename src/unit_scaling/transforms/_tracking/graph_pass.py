@@ -10,12 +10,15 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor
 from torch.fx import Graph, GraphModule, Node
 
 from ... import functional as U
 from ..._kernels import in_memory
 from ..._torch_internals import is_functorch_wrapped_tensor
+from ...formats import BlockFormat
+from ...formats._statistics import raw_quantisation_statistics
 from ...scale import scale_bwd
 from .._capture.engine import StatefulPass
 from .._capture.graph import SAME_ELEMENTS, example_value
@@ -75,9 +78,19 @@ Key = tuple[int, str]  # (capture id, node name)
 Record = tuple[Tensor | None, int]  # raw statistics (None if empty), numel
 
 
-def _record(value: Tensor, rows: tuple[int, int, int] | None = None) -> Record:
+def _record(
+    value: Tensor,
+    rows: tuple[int, int, int] | None = None,
+    block_format: BlockFormat | None = None,
+) -> Record:
     numel = value.numel()
-    return (raw_statistics(value, rows) if numel else None), numel
+    if not numel:
+        return None, numel
+    raw = raw_statistics(value, rows)
+    if block_format is not None:
+        block = raw_quantisation_statistics(value, block_format)
+        raw = torch.cat([raw.to(block.dtype), block])
+    return raw, numel
 
 
 class TrackingPass(StatefulPass):
@@ -95,7 +108,8 @@ class TrackingPass(StatefulPass):
     already hooked shares its gradient's.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, block_format: BlockFormat | None = None) -> None:
+        self.block_format = block_format
         self.fwd: dict[Key, Record] = {}
         self.bwd: dict[Key, Record] = {}
         self.bwd_alias: dict[Key, Key] = {}
@@ -107,7 +121,7 @@ class TrackingPass(StatefulPass):
         self._hooked_by_id: dict[int, tuple[weakref.ref[Tensor], Key]] = {}
 
     def fresh(self) -> TrackingPass:
-        return TrackingPass()
+        return TrackingPass(self.block_format)
 
     def _observer(self, capture_id: int) -> Callable[[Any, str, bool, bool], None]:
         def observe(value: Any, name: str, forward: bool, backward: bool) -> None:
@@ -127,14 +141,14 @@ class TrackingPass(StatefulPass):
         # rows) and type, and no in-place change since (the version counter,
         # shared by views).
         if value.is_inference() or not in_memory(value):
-            return _record(value)
+            return _record(value, None, self.block_format)
         rows = row_layout(value)
         layout = rows or (value.shape, value.stride())
         memory = value.data_ptr(), value.dtype, layout, value._version
         seen = self._measured.get(memory)
         if seen is not None and seen[0]() is not None:
             return seen[1]
-        record = _record(value, rows)
+        record = _record(value, rows, self.block_format)
         self._measured[memory] = (_forget(self._measured, memory, value), record)
         return record
 

@@ -9,6 +9,11 @@ from typing import ClassVar
 
 from torch import Tensor
 
+from ...formats import BlockFormat
+from ...formats._statistics import (
+    finish_quantisation_statistics,
+    raw_quantisation_statistics,
+)
 from .statistics import RAW_FIELDS, raw_statistics
 
 __all__ = ["Metrics", "finalize"]
@@ -34,11 +39,22 @@ class Metrics:
         e4m3_underflow: float = 0.0
         e5m2_overflow: float = 0.0
         e5m2_underflow: float = 0.0
+        block_flushed: float = math.nan
+        block_saturated: float = math.nan
+        block_mse: float = math.nan
+        block_sqnr_db: float = math.nan
+        block_range_median: float = math.nan
+        block_range_max: float = math.nan
 
         @staticmethod
-        def from_tensor(t: Tensor) -> Metrics.Data:
-            """Compute the statistics of ``t`` (synchronises with the device)."""
+        def from_tensor(
+            t: Tensor, block_format: BlockFormat | None = None
+        ) -> Metrics.Data:
+            """Compute the statistics of ``t`` (synchronises with the device),
+            with ``block_format``'s (see :func:`track_scales`) if given."""
             raw = raw_statistics(t).tolist() if t.numel() else None
+            if raw is not None and block_format is not None:
+                raw += raw_quantisation_statistics(t, block_format).tolist()
             return finalize(raw, t.numel())
 
     _FULL_NAMES: ClassVar[dict[str, str]] = {
@@ -52,6 +68,12 @@ class Metrics:
         "e4m3_underflow": "fraction flushed to zero in E4M3",
         "e5m2_overflow": "fraction above the E5M2 maximum",
         "e5m2_underflow": "fraction flushed to zero in E5M2",
+        "block_flushed": "fraction flushed to zero in the block format",
+        "block_saturated": "fraction saturated in the block format",
+        "block_mse": "mean squared error in the block format",
+        "block_sqnr_db": "signal-to-quantisation-noise ratio (dB), block format",
+        "block_range_median": "median dynamic range of a block (binades)",
+        "block_range_max": "largest dynamic range of a block (binades)",
     }
 
     def __init__(self, fwd: Metrics.Data, bwd: Metrics.Data | None = None) -> None:
@@ -89,10 +111,16 @@ def finalize(raw: list[float] | None, numel: int) -> Metrics.Data:
     still reports the scale of its finite part; the maximum shows infinities,
     and they count as FP8 overflow. NaN is ignored. A tensor with no finite
     element reports its means and standard deviation as ``inf`` (NaN if it
-    holds NaN), never a misleading 0. Empty tensors give zeros.
+    holds NaN), never a misleading 0. Empty tensors give zeros. Raw
+    statistics longer than ``RAW_FIELDS`` end with a block format's
+    (``formats._statistics.RAW_FIELDS``); without them the block fields are NaN.
     """
     if raw is None or numel == 0:
         return Metrics.Data(0.0, 0.0, 0.0, 0.0, 0.0, 0)
+    block: tuple[float, ...] = (math.nan,) * 6
+    if len(raw) > len(RAW_FIELDS):  # a block format's statistics follow
+        block = finish_quantisation_statistics(raw[len(RAW_FIELDS) :], numel)
+        raw = raw[: len(RAW_FIELDS)]
     r = dict(zip(RAW_FIELDS, raw, strict=True))
     finite = r["finite"]
     if finite == 0:
@@ -113,4 +141,5 @@ def finalize(raw: list[float] | None, numel: int) -> Metrics.Data:
         (r["e4m3_flush"] - r["zeros"]) / numel,
         r["e5m2_over"] / numel,
         (r["e5m2_flush"] - r["zeros"]) / numel,
+        *block,
     )
