@@ -27,6 +27,7 @@ from unit_scaling.formats import (
     FPFormat,
     Recipe,
     quantised_attention,
+    quantised_conv,
     quantised_einsum,
     quantised_linear,
     quantised_matmul,
@@ -52,6 +53,9 @@ DEFAULT_RUN = {
     "test_recipe_composes_with_unit_scale",
     "test_zoo_gpt2[MXFP8]",
     "test_bad_recipes_raise",
+    "test_conv_gemms_exact[2]",
+    "test_conv_transpose_gemms_exact",
+    "test_recipe_quantises_convolutions",
 }
 
 # Different formats in the six places, so an operand quantised along the wrong
@@ -351,3 +355,96 @@ def test_bad_recipes_raise() -> None:
     with pytest.raises(TypeError, match="a Recipe"):
         simulate_format(nn.Linear(2, 2), NVFP4)  # type: ignore[arg-type]
     assert isinstance(NVFP4_RECIPE.forward[1], BlockFormat)
+
+
+def _by_channel(fmt: BlockFormat, x: Tensor, dim: int, groups: int = 1) -> Tensor:
+    """``x`` quantised along ``dim`` in ``groups`` separate parts."""
+    split = x.reshape(*x.shape[:dim], groups, -1, *x.shape[dim + 1 :])
+    return fmt.quantise(split, dim + 1).reshape(x.shape)
+
+
+def _by_tokens(fmt: BlockFormat, x: Tensor) -> Tensor:
+    """``x`` (N, C, ...) quantised along every axis but the channels, in order."""
+    moved = x.movedim(1, 0)
+    flat = fmt.quantise(moved.reshape(moved.shape[0], -1), -1)
+    return flat.reshape(moved.shape).movedim(0, 1)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_conv_gemms_exact(groups: int) -> None:
+    """Forward: channels at each position and input channels at each offset;
+    input gradient: output channels; weight gradient: batch and positions."""
+    x = _randn(2, 16, 9, 7).requires_grad_()
+    w = _randn(8, 16 // groups, 3, 3, seed=1).requires_grad_()
+    grad = _randn(2, 8, 5, 4, seed=2)
+    args = (2, 1, 1, groups)  # stride, padding, dilation, groups
+    y = quantised_conv(x, w, None, *args, recipe=DISTINCT, groups=groups)
+    y.backward(grad)
+    xd, wd = x.detach(), w.detach()
+    q_x, q_w = _by_channel(_F1, xd, 1, groups), _F2.quantise(wd, 1)
+    torch.testing.assert_close(y, F.conv2d(q_x, q_w, None, *args), rtol=0, atol=0)
+    q_g, q_w = _by_channel(_F3, grad, 1, groups), _by_channel(_F4, wd, 0, groups)
+    dx = torch.nn.grad.conv2d_input(x.shape, q_w, q_g, 2, 1, 1, groups)
+    torch.testing.assert_close(x.grad, dx, rtol=0, atol=0)
+    q_g, q_x = _by_tokens(_F5, grad), _by_tokens(_F6, xd)
+    dw = torch.nn.grad.conv2d_weight(q_x, w.shape, q_g, 2, 1, 1, groups)
+    torch.testing.assert_close(w.grad, dw, rtol=0, atol=0)
+
+
+def test_conv_transpose_gemms_exact() -> None:
+    x = _randn(2, 16, 5, 5).requires_grad_()
+    w = _randn(16, 4, 4, 4, seed=1).requires_grad_()  # (C_in, C_out / G, k, k)
+    grad = _randn(2, 8, 10, 10, seed=2)
+    args = (2, 1, 0, 2)  # stride, padding, output_padding, groups
+    y = quantised_conv(
+        x,
+        w,
+        None,
+        *args,
+        recipe=DISTINCT,
+        conv=F.conv_transpose2d,
+        transposed=True,
+        groups=2,
+    )
+    y.backward(grad)
+    xd, wd = x.detach(), w.detach()
+    q_x, q_w = _by_channel(_F1, xd, 1, 2), _by_channel(_F2, wd, 0, 2)
+    expected = F.conv_transpose2d(q_x, q_w, None, *args)
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+    # ∂x is a convolution of ∂y with W: output channels contracted.
+    q_g, q_w = _by_channel(_F3, grad, 1, 2), _F4.quantise(wd, 1)
+    dx = F.conv2d(q_g, q_w, None, 2, 1, 1, 2)
+    torch.testing.assert_close(x.grad, dx, rtol=0, atol=0)
+    assert w.grad is not None and w.grad.shape == w.shape
+
+
+class _ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 32, 3, padding=1)
+        self.grouped = uu.Conv2d(32, 32, 3, padding=1, groups=4)
+        self.up = nn.ConvTranspose2d(32, 8, 2, stride=2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.up(F.gelu(self.grouped(F.gelu(self.conv(x)))))
+
+
+def test_recipe_quantises_convolutions(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    model = _ConvNet()
+    x = _randn(2, 3, 8, 8)
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    quantised = simulate_format(model, MXFP8_RECIPE)
+    out = quantised(x)
+    out.sum().backward()
+    quantised_convs = [r for r in caplog.records if "quantising conv" in r.getMessage()]
+    assert len(quantised_convs) == 3
+    relative = ((out - model(x)).norm() / model(x).norm()).item()
+    assert 0.005 < relative < 0.1, relative
+    assert all(p.grad is not None for p in quantised.parameters())
+    # NVIDIA's NVFP4 recipe quantises linear layers only: convolutions stay.
+    caplog.clear()
+    torch.testing.assert_close(
+        simulate_format(model, NVFP4_RECIPE)(x), model(x), rtol=0, atol=0
+    )
+    assert any("keeping conv" in r.getMessage() for r in caplog.records)

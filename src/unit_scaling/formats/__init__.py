@@ -57,6 +57,7 @@ from ._fp import FP8_E4M3, FP8_E5M2, FPFormat, format_to_tuple, tuple_to_format
 from ._int import IntFormat
 from ._products import (
     quantised_attention,
+    quantised_conv,
     quantised_einsum,
     quantised_linear,
     quantised_matmul,
@@ -103,6 +104,7 @@ __all__ = [
     "format_to_tuple",
     "quantisation_statistics",
     "quantised_attention",
+    "quantised_conv",
     "quantised_einsum",
     "quantised_linear",
     "quantised_matmul",

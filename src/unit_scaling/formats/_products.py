@@ -26,7 +26,7 @@ import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,7 @@ from ._recipe import Recipe, random_hadamard
 
 __all__ = [
     "quantised_attention",
+    "quantised_conv",
     "quantised_einsum",
     "quantised_linear",
     "quantised_matmul",
@@ -56,6 +57,14 @@ class _Product:
     right: Labels
     out: Labels
     recipe: Recipe
+    # How each GEMM quantises its operands (default: by the labels).
+    planner: Callable[[_Product, Tensor, Tensor, Sequence[int]], _Plan] | None = None
+    out_shape: tuple[int, ...] | None = None  # where labels do not give it
+
+    def plan(self, left: Tensor, right: Tensor, out_shape: Sequence[int]) -> _Plan:
+        """How each GEMM quantises its operands, for these operands."""
+        planner = self.planner or _label_plan
+        return planner(self, left, right, out_shape)
 
     def order(self, label: str) -> int:
         return (*self.left, *self.right, *self.out).index(label)
@@ -142,6 +151,66 @@ def _prepare(
     return flat.reshape(moved.shape).permute(inverse)
 
 
+Quantiser = Callable[[Tensor], Tensor]
+
+
+class _Plan(NamedTuple):
+    """How each GEMM quantises its operands: ``(Q1, Q2)`` for ``(a, b)`` in the
+    forward GEMM, ``(Q3, Q4)`` for ``(∂y, b)`` in ``∂a``'s, ``(Q5, Q6)`` for
+    ``(∂y, a)`` in ``∂b``'s."""
+
+    forward: tuple[Quantiser, Quantiser]
+    grad_input: tuple[Quantiser, Quantiser]
+    grad_weight: tuple[Quantiser, Quantiser]
+
+
+def _quantiser(
+    dims: list[int], fmt: BlockFormat | None, recipe: Recipe, rotate: bool = False
+) -> Quantiser:
+    return lambda x: _prepare(x, dims, fmt, recipe, rotate)
+
+
+def _label_plan(
+    product: _Product, left: Tensor, right: Tensor, out_shape: Sequence[int]
+) -> _Plan:
+    """The plan of a product whose axes are named by labels: each GEMM
+    contracts the labels its result lacks."""
+    recipe = product.recipe
+    sizes = _sizes(product, left, right)
+    summed = _contraction(product.out, [sizes[x] for x in product.out], sizes)
+    # ∂left's GEMM: ∂y and right, summing what left lacks; ∂right's: ∂y and
+    # left, summing what right lacks.
+    summed_l = _contraction(product.left, left.shape, sizes)
+    summed_r = _contraction(product.right, right.shape, sizes)
+    dims_out_r = _dims(product, product.out, summed_r)
+    dims_left = _dims(product, product.left, summed_r)
+    # A Hadamard transform lines up only where both operands hold the whole
+    # contraction.
+    rotate = recipe.hadamard and math.prod(left.shape[d] for d in dims_left) == (
+        math.prod(out_shape[d] for d in dims_out_r)
+    )
+    return _Plan(
+        (
+            _quantiser(_dims(product, product.left, summed), recipe.forward[0], recipe),
+            _quantiser(
+                _dims(product, product.right, summed), recipe.forward[1], recipe
+            ),
+        ),
+        (
+            _quantiser(
+                _dims(product, product.out, summed_l), recipe.grad_input[0], recipe
+            ),
+            _quantiser(
+                _dims(product, product.right, summed_l), recipe.grad_input[1], recipe
+            ),
+        ),
+        (
+            _quantiser(dims_out_r, recipe.grad_weight[0], recipe, rotate),
+            _quantiser(dims_left, recipe.grad_weight[1], recipe, rotate),
+        ),
+    )
+
+
 class _QuantisedProductFn(torch.autograd.Function):
     """``f(Q1(a), Q2(b))``; ``∂a = vjp_a f(·, Q4(b)) [Q3(∂y)]``;
     ``∂b = vjp_b f(Q6(a), ·) [Q5(∂y)]``; other arguments: ``vjp f [∂y]``."""
@@ -150,15 +219,9 @@ class _QuantisedProductFn(torch.autograd.Function):
     def forward(
         ctx: Any, product: _Product, left: Tensor, right: Tensor, *others: Any
     ) -> Tensor:
-        sizes = _sizes(product, left, right)
-        recipe = product.recipe
-        summed = _contraction(product.out, [sizes[x] for x in product.out], sizes)
-        q_left = _prepare(
-            left, _dims(product, product.left, summed), recipe.forward[0], recipe
-        )
-        q_right = _prepare(
-            right, _dims(product, product.right, summed), recipe.forward[1], recipe
-        )
+        out_shape = _output_shape(product, left, right)
+        plan = product.plan(left, right, out_shape)
+        q_left, q_right = plan.forward[0](left), plan.forward[1](right)
         ctx.product = product
         tensors = [o for o in others if isinstance(o, Tensor)]
         ctx.save_for_backward(left, right, *tensors)
@@ -172,24 +235,9 @@ class _QuantisedProductFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         product: _Product = ctx.product
-        recipe = product.recipe
         left, right, *saved = ctx.saved_tensors
         needs = ctx.needs_input_grad[1:]
-        sizes = _sizes(product, left, right)
-        # ∂left's GEMM: ∂y and right, summing what left lacks.
-        summed_l = _contraction(product.left, left.shape, sizes)
-        # ∂right's GEMM: ∂y and left, summing what right lacks.
-        summed_r = _contraction(product.right, right.shape, sizes)
-        out_shape = grad.shape
-        dims_out_l = _dims(product, product.out, summed_l)
-        dims_out_r = _dims(product, product.out, summed_r)
-        dims_left = _dims(product, product.left, summed_r)
-        dims_right = _dims(product, product.right, summed_l)
-        # A Hadamard transform lines up only where both operands hold the whole
-        # contraction.
-        rotate = recipe.hadamard and math.prod(
-            left.shape[d] for d in dims_left
-        ) == math.prod(out_shape[d] for d in dims_out_r)
+        plan = product.plan(left, right, grad.shape)
         grads: list[Tensor | None] = [None] * (2 + len(ctx.others))
         saved_iter = iter(saved)
         others = [
@@ -200,20 +248,25 @@ class _QuantisedProductFn(torch.autograd.Function):
         # Function computes every gradient its inputs need), each recomputing
         # the product's forward without its GEMMs (their results are unused).
         if needs[0]:
-            q_right = _prepare(right.detach(), dims_right, recipe.grad_input[1], recipe)
-            g = _prepare(grad, dims_out_l, recipe.grad_input[0], recipe)
+            q_right = plan.grad_input[1](right.detach())
+            g = plan.grad_input[0](grad)
             grads[0] = _vjp(product, [left.detach(), q_right, *others], 0, g)
         if needs[1]:
-            q_left = _prepare(
-                left.detach(), dims_left, recipe.grad_weight[1], recipe, rotate
-            )
-            g = _prepare(grad, dims_out_r, recipe.grad_weight[0], recipe, rotate)
+            q_left = plan.grad_weight[1](left.detach())
+            g = plan.grad_weight[0](grad)
             grads[1] = _vjp(product, [q_left, right.detach(), *others], 1, g)
         for i, need in enumerate(needs[2:]):
             if need:
                 operands = [left.detach(), right.detach(), *others]
                 grads[2 + i] = _vjp(product, operands, 2 + i, grad)
         return (None, *grads)
+
+
+def _output_shape(product: _Product, left: Tensor, right: Tensor) -> list[int]:
+    if product.out_shape is not None:
+        return list(product.out_shape)
+    sizes = _sizes(product, left, right)
+    return [sizes[x] for x in product.out]
 
 
 _GEMMS = {
@@ -452,6 +505,128 @@ def quantised_einsum(
     labels = _einsum_labels(equation, left.dim(), right.dim())
     product = _Product(lambda a, b: einsum(equation, a, b), *labels, recipe)
     return _apply(product, left, right)
+
+
+def _grouped(
+    dim: int, groups: int, fmt: BlockFormat | None, recipe: Recipe
+) -> Quantiser:
+    """Quantise along axis ``dim``, split into ``groups`` equal parts that
+    block separately (a grouped convolution's channels)."""
+    if groups == 1:
+        return _quantiser([dim], fmt, recipe)
+
+    def run(x: Tensor) -> Tensor:
+        split = x.reshape(*x.shape[:dim], groups, -1, *x.shape[dim + 1 :])
+        return _prepare(split, [dim + 1], fmt, recipe).reshape(x.shape)
+
+    return run
+
+
+def _conv_planner(transposed: bool, groups: int) -> Callable[..., _Plan]:
+    """The plan of a convolution (``transposed``: its transpose).
+
+    The forward GEMM of output position ``p`` sums input channels times
+    kernel offsets; its contraction runs kernel offset by kernel offset, each
+    offset's channels a whole number of blocks (padded), so the input's
+    blocks run along its channels at each position, the weight's along its
+    input channels at each offset, the same for every output position. The
+    input-gradient GEMM contracts output channels alike. The weight-gradient
+    GEMM contracts the batch and positions: ``∂y`` and the input are each
+    blocked along them in their own layout (for a kernel wider than one
+    position, the input's blocks then do not follow each offset's shifted
+    window; no Hadamard transform, which would not cancel across the shift).
+    """
+
+    def plan(
+        product: _Product, left: Tensor, right: Tensor, out_shape: Sequence[int]
+    ) -> _Plan:
+        recipe = product.recipe
+        channel = 1 if left.dim() == right.dim() else 0  # batched or not
+        tokens_in = [d for d in range(left.dim()) if d != channel]
+        tokens_out = [d for d in range(len(out_shape)) if d != channel]
+        # Weight: (C_out, C_in / G, k...); transposed: (C_in, C_out / G, k...).
+        w_in, w_out = (0, 1) if transposed else (1, 0)
+        return _Plan(
+            (
+                _grouped(channel, groups, recipe.forward[0], recipe),
+                _grouped(
+                    w_in, 1 if not transposed else groups, recipe.forward[1], recipe
+                ),
+            ),
+            (
+                _grouped(channel, groups, recipe.grad_input[0], recipe),
+                _grouped(
+                    w_out, groups if not transposed else 1, recipe.grad_input[1], recipe
+                ),
+            ),
+            (
+                _quantiser(tokens_out, recipe.grad_weight[0], recipe),
+                _quantiser(tokens_in, recipe.grad_weight[1], recipe),
+            ),
+        )
+
+    return plan
+
+
+def quantised_conv(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    *args: Any,
+    recipe: Recipe,
+    conv: Callable[..., Tensor] = F.conv2d,
+    transposed: bool = False,
+    groups: int = 1,
+) -> Tensor:
+    """A convolution with each GEMM's operands quantised along its
+    contraction, as ``recipe`` says (``input`` in the role of ``x``, ``weight``
+    of ``W``).
+
+    The contraction of a convolution's forward GEMM runs over kernel offsets
+    and, within each, input channels, each offset's channels padded to whole
+    blocks: the input is blocked along its channels at each position and the
+    weight along its input channels at each offset (in groups, for
+    ``groups > 1``); so is the input gradient's GEMM along output channels.
+    The weight gradient's GEMM contracts the batch and positions, and its two
+    operands are blocked along them in their own layouts, which for a kernel
+    wider than one position approximates a GEMM over each offset's shifted
+    window (see ``docs/limitations.md``); the recipe's Hadamard transform is
+    not applied to convolutions.
+
+    Args:
+        input: ``(N, C_in, ...)`` or unbatched ``(C_in, ...)``.
+        weight: ``(C_out, C_in / groups, k...)`` (transposed: ``(C_in,
+            C_out / groups, k...)``).
+        bias: not quantised.
+        args: ``conv``'s further positional arguments (stride, padding, ...).
+        recipe: the formats.
+        conv: the convolution, ``conv(input, weight, bias, *args)``, e.g.
+            :func:`torch.nn.functional.conv2d` or a unit-scaled one.
+        transposed: whether ``conv`` is a transposed convolution.
+        groups: ``conv``'s ``groups`` (also passed in ``args`` if it is one of
+            them).
+
+    Example::
+
+        >>> from unit_scaling.formats import MXFP8_RECIPE
+        >>> x, w = torch.randn(2, 64, 8, 8), torch.randn(32, 64, 3, 3)
+        >>> y = quantised_conv(x, w, None, 1, 1, recipe=MXFP8_RECIPE)
+        >>> exact = F.conv2d(x, w, None, 1, 1)
+        >>> 0 < ((y - exact).norm() / exact.norm()).item() < 0.1
+        True
+    """
+    if not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"groups must be a positive int, got {groups!r}")
+    product = _Product(
+        lambda x, w, b: conv(x, w, b, *args),
+        (),
+        (),
+        (),
+        recipe,
+        planner=_conv_planner(transposed, groups),
+        out_shape=(0,) * input.dim(),  # (the planner reads only its rank)
+    )
+    return _apply(product, input, weight, bias)
 
 
 def quantised_attention(

@@ -35,14 +35,15 @@ __all__ = [
     "recipe_with_rule",
 ]
 
-Product = Literal["linear", "readout", "matmul", "attention"]
+Product = Literal["linear", "readout", "matmul", "attention", "conv"]
 """The kinds of matrix product a recipe may quantise: ``"linear"``, a product with
 a parameter (linear layers, ``addmm``, a matmul or einsum with a weight);
 ``"readout"``, the u-μP readout (:func:`unit_scaling.functional.linear_readout`);
 ``"matmul"``, a product of two activations; ``"attention"``, the two products
-inside ``scaled_dot_product_attention``."""
+inside ``scaled_dot_product_attention``; ``"conv"``, a convolution or its
+transpose."""
 
-_PRODUCTS: tuple[Product, ...] = ("linear", "readout", "matmul", "attention")
+_PRODUCTS: tuple[Product, ...] = ("linear", "readout", "matmul", "attention", "conv")
 Operands = tuple[BlockFormat | None, BlockFormat | None]
 
 

@@ -24,6 +24,7 @@ from ..formats import (
     Product,
     Recipe,
     quantised_attention,
+    quantised_conv,
     quantised_einsum,
     quantised_linear,
     quantised_matmul,
@@ -112,6 +113,29 @@ _MATMULS = {torch.matmul, operator.matmul, U.matmul, torch.bmm, U.bmm}
 _EINSUMS = {torch.einsum, U.einsum}
 _ATTENTIONS = {F.scaled_dot_product_attention, U.scaled_dot_product_attention}
 _METHODS = {"matmul": torch.matmul, "__matmul__": torch.matmul, "bmm": torch.bmm}
+_CONVS = {
+    F.conv1d,
+    F.conv2d,
+    F.conv3d,
+    torch.conv1d,
+    torch.conv2d,
+    torch.conv3d,
+    U.conv1d,
+    U.conv2d,
+    U.conv3d,
+}
+_CONV_TRANSPOSES = {
+    F.conv_transpose1d,
+    F.conv_transpose2d,
+    F.conv_transpose3d,
+    torch.conv_transpose1d,
+    torch.conv_transpose2d,
+    torch.conv_transpose3d,
+    U.conv_transpose1d,
+    U.conv_transpose2d,
+    U.conv_transpose3d,
+}
+_GROUPS_INDEX = 6  # conv's and conv_transpose's positional ``groups``
 
 
 def _linear_target(
@@ -160,6 +184,31 @@ def _einsum_target(
             return target(e, x, w, **k)
 
         return quantised_einsum(equation, left, right, recipe=recipe, einsum=einsum)
+
+    return run
+
+
+def _conv_target(
+    target: Callable[..., Tensor], recipe: Recipe, transposed: bool
+) -> Callable[..., Tensor]:
+    def run(
+        input: Tensor, weight: Tensor, bias: Any = None, *a: Any, **k: Any
+    ) -> Tensor:
+        groups = k.get("groups", a[_GROUPS_INDEX - 3] if len(a) > 3 else 1)
+
+        def conv(x: Tensor, w: Tensor, b: Any, *args: Any) -> Tensor:
+            return target(x, w, b, *args, **k)
+
+        return quantised_conv(
+            input,
+            weight,
+            bias,
+            *a,
+            recipe=recipe,
+            conv=conv,
+            transposed=transposed,
+            groups=groups,
+        )
 
     return run
 
@@ -228,6 +277,8 @@ def _product_kind(
         return "linear"
     if target in _ATTENTIONS:
         return "attention"
+    if target in _CONVS or target in _CONV_TRANSPOSES:
+        return "conv"
     if target in _EINSUMS:
         equation, *operands = node.args
         if len(operands) != 2 or not isinstance(equation, str):
@@ -269,6 +320,8 @@ class _RecipePass(CapturePass):
         ):
             if target in group:
                 run = make(target, self.recipe)
+        if target in _CONVS or target in _CONV_TRANSPOSES:
+            run = _conv_target(target, self.recipe, target in _CONV_TRANSPOSES)
         name = getattr(target, "__name__", "product")
         run.__name__ = run.__qualname__ = f"block_quantised_{name}"
         return run
@@ -343,9 +396,10 @@ def simulate_format(
     contraction, the incoming gradient included, as the recipe says; biases and
     masks keep their precision, and so do the products of the kinds and modules
     the recipe leaves out. Linear layers, ``addmm``/``baddbmm``, matmul/bmm,
-    two-operand einsums and ``scaled_dot_product_attention`` (run as explicit
-    products, :func:`~unit_scaling.formats.quantised_attention`) are quantised;
-    convolutions are not yet.
+    two-operand einsums, ``scaled_dot_product_attention`` (run as explicit
+    products, :func:`~unit_scaling.formats.quantised_attention`) and
+    convolutions and their transposes (1-3-D, plain and unit-scaled:
+    :func:`~unit_scaling.formats.quantised_conv`) are quantised.
 
     Everything else keeps its precision. Composes with the other transforms;
     unit scaling always runs first.
