@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from . import (
+    block_formats,
     float8,
     float8_ops,
     formats,
@@ -37,6 +38,8 @@ SECTIONS = {
     "float8_ops": lambda quick: float8_ops.run(),
     # The scale monitor's cost: quiet, recording and average steps.
     "monitor": lambda quick: monitor.run(rounds=4 if quick else 20),
+    # Block-scaled formats: a step under MXFP8/MXFP4/NVFP4 against simulate_fp8.
+    "block_formats": lambda quick: block_formats.run(rounds=3 if quick else 10),
     # Hugging Face Trainer: UnitScalingTrainer's step against a stock Trainer's.
     "trainer_step": lambda quick: trainer_step.run(rounds=3 if quick else 20),
 }

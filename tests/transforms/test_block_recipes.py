@@ -56,6 +56,7 @@ DEFAULT_RUN = {
     "test_conv_gemms_exact[2]",
     "test_conv_transpose_gemms_exact",
     "test_recipe_quantises_convolutions",
+    "test_einsum_of_three_operands_warns",
 }
 
 # Different formats in the six places, so an operand quantised along the wrong
@@ -448,3 +449,16 @@ def test_recipe_quantises_convolutions(caplog: pytest.LogCaptureFixture) -> None
         simulate_format(model, NVFP4_RECIPE)(x), model(x), rtol=0, atol=0
     )
     assert any("keeping conv" in r.getMessage() for r in caplog.records)
+
+
+def test_einsum_of_three_operands_warns() -> None:
+    class Three(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(_randn(32, 8))
+
+        def forward(self, x: Tensor) -> Tensor:
+            return torch.einsum("bi,ij,bj->b", x, self.w @ self.w.T, x)
+
+    with pytest.warns(UserWarning, match="einsum of 3 operands"):
+        simulate_format(Three(), MXFP8_RECIPE)(_randn(4, 32))

@@ -281,6 +281,17 @@ def _product_kind(
         return "conv"
     if target in _EINSUMS:
         equation, *operands = node.args
+        if len(operands) == 1 and isinstance(operands[0], list | tuple):
+            operands = list(operands[0])
+        if len(operands) > 2 and isinstance(equation, str):
+            warnings.warn(
+                f"simulate_format: an einsum of {len(operands)} operands "
+                f"({equation!r}) is not quantised by the recipe (it is not one "
+                "GEMM); write it as a chain of two-operand einsums to quantise it",
+                UserWarning,
+                stacklevel=2,
+            )
+            return None
         if len(operands) != 2 or not isinstance(equation, str):
             return None
         terms = equation.replace(" ", "").replace("...", "").split("->")[0]
