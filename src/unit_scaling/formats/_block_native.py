@@ -71,10 +71,9 @@ inline uint32_t hash32(uint32_t h) {
 
 // Stochastic rounding as formats/_fp.py's _round_stochastic (float32), branch
 // free so that loops of it vectorise.
-inline float round_stochastic(float v, int64_t index, const Params& p) {
+inline float round_stochastic_word(float v, uint32_t word, const Params& p) {
   const float mag = std::fmin(std::fabs(v), p.max_value);
   const uint32_t bits = bits_of(mag);
-  const uint32_t word = hash32(static_cast<uint32_t>(index + p.seed)) >> 8;
   const int32_t exponent = std::max(static_cast<int32_t>(bits >> 23), 1);
   const int32_t below =
       std::max(static_cast<int32_t>(p.min_normal_exponent) - exponent, 0);
@@ -92,6 +91,11 @@ inline float round_stochastic(float v, int64_t index, const Params& p) {
           : 0.0f;
   const float q = mag < p.min_subnormal ? tiny * p.min_subnormal : rounded;
   return v != v ? v : std::copysign(q, v);
+}
+
+inline float round_stochastic(float v, int64_t index, const Params& p) {
+  return round_stochastic_word(
+      v, hash32(static_cast<uint32_t>(index + p.seed)) >> 8, p);
 }
 
 inline int32_t floor_log2(float a) { int e; std::frexp(a, &e); return e - 1; }
@@ -195,8 +199,20 @@ void block(const float* __restrict x, float* __restrict out, int64_t n,
   float inverse, scale;
   block_scales(block_amax(x, n), p, &inverse, &scale);
   if (p.stochastic) {
-    for (int64_t j = 0; j < n; ++j)
-      out[j] = finish(round_stochastic(x[j] * inverse, first_index + j, p), scale, p);
+    // In chunks: the random words first (a loop of integer ops that
+    // vectorises), then the rounding.
+    constexpr int64_t kChunk = 64;
+    uint32_t words[kChunk];
+    float scaled[kChunk];
+    for (int64_t c = 0; c < n; c += kChunk) {
+      const int64_t m = n - c < kChunk ? n - c : kChunk;
+      const uint32_t base = static_cast<uint32_t>(first_index + c + p.seed);
+      for (int64_t j = 0; j < m; ++j)
+        words[j] = hash32(base + static_cast<uint32_t>(j)) >> 8;
+      for (int64_t j = 0; j < m; ++j) scaled[j] = x[c + j] * inverse;
+      for (int64_t j = 0; j < m; ++j)
+        out[c + j] = finish(round_stochastic_word(scaled[j], words[j], p), scale, p);
+    }
     return;
   }
   const V vinv(inverse), vscale(scale), vdecode(p.decode);
