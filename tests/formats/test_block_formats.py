@@ -425,6 +425,10 @@ def test_bad_formats(
 
 
 def test_bad_input() -> None:
+    from unit_scaling.formats import format_to_tuple
+
+    with pytest.raises(TypeError, match="format_to_tuple takes an FPFormat"):
+        format_to_tuple(MXFP4)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="x must be a floating-point"):
         MXFP4.quantise(torch.ones(32, dtype=torch.int32))
     with pytest.raises(ValueError, match="axis"):

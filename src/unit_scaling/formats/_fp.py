@@ -235,6 +235,11 @@ def format_to_tuple(fmt: FPFormat) -> FormatTuple:
         >>> format_to_tuple(FP8_E4M3)
         (4, 3, 'nearest', 0, True)
     """
+    if not isinstance(fmt, FPFormat):
+        raise TypeError(
+            f"format_to_tuple takes an FPFormat, got {type(fmt).__name__} "
+            f"{fmt}: a block format is named by str(format) and its constant"
+        )
     t = (fmt.exponent_bits, fmt.mantissa_bits, fmt.rounding, fmt.srbits, fmt.finite)
     return t if fmt.nan else (*t, fmt.nan)
 
