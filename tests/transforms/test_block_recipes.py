@@ -128,7 +128,7 @@ def test_bias_stays_in_high_precision() -> None:
     y = quantised_linear(x, w, bias, recipe=MXFP4_RECIPE)
     y.backward(grad)
     fmt = MXFP4_RECIPE.forward[0]
-    assert fmt is not None and fmt.scale_rule == "rceil"
+    assert fmt is not None
     product = F.linear(fmt.quantise(x), fmt.quantise(w.detach()))
     torch.testing.assert_close(y, product + bias.detach(), rtol=0, atol=0)
     torch.testing.assert_close(bias.grad, grad.sum(0), rtol=0, atol=0)
