@@ -348,7 +348,7 @@ def test_bad_recipes_raise() -> None:
             grad_weight=NONE.grad_weight,
         )  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="products must be among"):
-        dataclasses.replace(NONE, products=frozenset({"conv"}))  # type: ignore[arg-type]
+        dataclasses.replace(NONE, products=frozenset({"convolution"}))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="tuple of module-path patterns"):
         dataclasses.replace(NONE, high_precision="lm_head")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="bwd_format must be None"):
