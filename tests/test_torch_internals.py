@@ -32,6 +32,21 @@ def test_pytree_flattens_and_rebuilds() -> None:
     assert torch.equal(doubled["a"][0], torch.full((1,), 2.0))
 
 
+def test_dispatch_mode_sees_and_replaces_aten_ops() -> None:
+    seen = []
+
+    class Mode(internals.TorchDispatchMode):  # type: ignore[misc]
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            seen.append(func)
+            if func is torch.ops.aten.mm.default:
+                return args[0].new_zeros(args[0].shape[0], args[1].shape[1])
+            return func(*args, **(kwargs or {}))
+
+    with Mode():
+        out = torch.ones(2, 3) @ torch.ones(3, 4)
+    assert torch.ops.aten.mm.default in seen and not out.any()
+
+
 def test_size_types_are_int_or_tuple_aliases() -> None:
     for alias, n in (
         (internals.size_1_t, 1),

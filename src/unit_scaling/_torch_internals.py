@@ -34,6 +34,11 @@ from torch.nn.common_types import _size_3_t as size_3_t
 # module torch's own compile stack uses; its API has been stable for years).
 from torch.utils import _pytree as pytree
 
+# A mode that sees every aten op below autograd: the block-format products
+# (formats/_products.py) rerun a forward for its autograd graph under one that
+# skips its GEMM kernels.
+from torch.utils._python_dispatch import TorchDispatchMode
+
 __all__ = [
     "COMPILED_FUNCTION_OUTPUTS_NEED_FRESH_TENSORS",
     "INTERPOLATE_HAS_LANCZOS",
@@ -47,6 +52,7 @@ __all__ = [
     "InstanceNormBase",
     "OpOverload",
     "OpOverloadPacket",
+    "TorchDispatchMode",
     "adam_init_group",
     "any_autocast_enabled",
     "check_torch_version",

@@ -220,7 +220,7 @@ class BlockFormat:
             fast = _quantise_native(self, x, axis, tensor_amax)
             if fast is not None:
                 return fast
-        blocked = _quantise_blocks(self, x, axis, tensor_amax)
+        blocked = quantise_blocks(self, x, axis, tensor_amax)
         values = blocked.elements * blocked.scales.unsqueeze(-1)
         if blocked.tensor_scale is not None:
             values = values * blocked.tensor_scale
@@ -240,7 +240,7 @@ class BlockFormat:
             >>> enc.elements, enc.scales
             (tensor([ 4, 15,  2], dtype=torch.uint8), tensor([126], dtype=torch.uint8))
         """
-        blocked = _quantise_blocks(self, x, axis, tensor_amax)
+        blocked = quantise_blocks(self, x, axis, tensor_amax)
         elements = _unblock(
             element_codes(self.element, blocked.elements), blocked.layout
         )
@@ -287,7 +287,7 @@ class BlockEncoding:
         """The values these codes stand for, in ``dtype``."""
         fmt = self.format
         table = element_table(fmt.element).to(self.elements.device)
-        values, layout = _blocks(table[self.elements.long()], fmt, self.axis)
+        values, layout = to_blocks(table[self.elements.long()], fmt, self.axis)
         if fmt.scale == "e8m0":
             scales = e8m0_values(_block_scales(self.scales, layout))
         else:
@@ -315,7 +315,7 @@ class _Blocked(NamedTuple):
     layout: _Layout
 
 
-def _normalise_axis(x: Tensor, fmt: BlockFormat, axis: int) -> int:
+def normalise_axis(x: Tensor, fmt: BlockFormat, axis: int) -> int:
     if not isinstance(axis, int) or isinstance(axis, bool):
         raise TypeError(f"axis must be an int, got {type(axis).__name__}")
     if x.dim() < fmt.block_dims:
@@ -334,7 +334,7 @@ def _normalise_axis(x: Tensor, fmt: BlockFormat, axis: int) -> int:
     return axis
 
 
-def _blocks(x: Tensor, fmt: BlockFormat, axis: int) -> tuple[Tensor, _Layout]:
+def to_blocks(x: Tensor, fmt: BlockFormat, axis: int) -> tuple[Tensor, _Layout]:
     """``x`` as ``(*lead, *grid, elements)``, zero-padded to whole blocks."""
     b = fmt.block_size
     if fmt.block_dims == 1:
@@ -377,7 +377,7 @@ def _block_scales(scales: Tensor, layout: _Layout) -> Tensor:
     return scales.movedim(layout.axis, -1) if layout.dims == 1 else scales
 
 
-def _quantise_blocks(
+def quantise_blocks(
     fmt: BlockFormat, x: Tensor, axis: int, tensor_amax: float | Tensor | None
 ) -> _Blocked:
     if not isinstance(x, Tensor) or not x.is_floating_point():
@@ -388,8 +388,8 @@ def _quantise_blocks(
             f"tensor_amax only applies to formats with a per-tensor scale (E4M3 "
             f"block scales, as NVFP4); {fmt} has none"
         )
-    axis = _normalise_axis(x, fmt, axis)
-    blocks, layout = _blocks(x.detach().float(), fmt, axis)
+    axis = normalise_axis(x, fmt, axis)
+    blocks, layout = to_blocks(x.detach().float(), fmt, axis)
     amax = (
         blocks.abs().amax(-1) if blocks.numel() else blocks.new_zeros(blocks.shape[:-1])
     )

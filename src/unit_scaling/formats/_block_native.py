@@ -24,7 +24,7 @@ from torch import Tensor
 
 from .._kernels import NativeKernel, in_memory, native_threads
 from ._codes import element_emax
-from ._fp import _FLOAT32, FPFormat, _stochastic_params
+from ._fp import FLOAT32_COMPUTE, FPFormat, stochastic_params
 
 __all__ = ["native_quantise"]
 
@@ -352,14 +352,18 @@ def native_quantise(
     stochastic = element.rounding == "stochastic"
     seed = 0
     if stochastic:  # drawn as the eager kernel draws it
-        seed = int(torch.randint(0, (1 << 32), (), dtype=torch.int64).item())
-    sp = _stochastic_params(element, _FLOAT32)
+        seed = int(
+            torch.randint(0, (1 << 32), (), dtype=torch.int64, device=x.device).item()
+        )
+    sp = stochastic_params(element, FLOAT32_COMPUTE)
     if fmt.scale == "e8m0":
         mode, scale_times_inv_max, decode_value = _RULES[fmt.scale_rule], 0.0, 1.0
     else:
         assert encode is not None and decode is not None
-        one = torch.tensor(1.0)
-        limit = torch.tensor(element.max_absolute_value, dtype=torch.float32)
+        one = torch.tensor(1.0, device=x.device)
+        limit = torch.tensor(
+            element.max_absolute_value, dtype=torch.float32, device=x.device
+        )
         mode = _NVFP4_MODE
         scale_times_inv_max = float(encode * torch.div(one, limit))
         decode_value = float(decode)
@@ -376,6 +380,7 @@ def native_quantise(
             sp.tiny_shift,
         ],
         dtype=torch.int64,
+        device=x.device,
     )
     floats = torch.tensor(
         [
@@ -389,6 +394,7 @@ def native_quantise(
             decode_value,
         ],
         dtype=torch.float32,
+        device=x.device,
     )
     blocks = outer * -(-cols // fmt.block_size)
     threads = min(native_threads(flat.numel(), _NUMEL_PER_THREAD), blocks)

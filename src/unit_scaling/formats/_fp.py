@@ -282,13 +282,13 @@ class _Compute(NamedTuple):
     bias: int
 
 
-_FLOAT32 = _Compute(torch.float32, torch.int32, 23, 127)
+FLOAT32_COMPUTE = _Compute(torch.float32, torch.int32, 23, 127)
 _FLOAT64 = _Compute(torch.float64, torch.int64, 52, 1023)
 
 
 def _compute_for(dtype: torch.dtype) -> _Compute:
     # Every input dtype but float64 converts exactly to float32.
-    return _FLOAT64 if dtype == torch.float64 else _FLOAT32
+    return _FLOAT64 if dtype == torch.float64 else FLOAT32_COMPUTE
 
 
 class _NearestParams(NamedTuple):
@@ -330,7 +330,7 @@ def _nearest_params(fmt: FPFormat, compute: _Compute) -> _NearestParams:
     )
 
 
-def _stochastic_params(fmt: FPFormat, compute: _Compute) -> _StochasticParams:
+def stochastic_params(fmt: FPFormat, compute: _Compute) -> _StochasticParams:
     word_bits = compute.mantissa_bits + 1
     random_bits = min(fmt.srbits or word_bits, word_bits)
     emin = _min_exponent(fmt)
@@ -559,7 +559,7 @@ def _kernel(
     if fmt.rounding == "nearest":
         params = _nearest_params(fmt, compute)
     else:
-        params = _stochastic_params(fmt, compute)
+        params = stochastic_params(fmt, compute)
     if tensor_params:
         params = type(params)(*_tensor_params(params, compute, x.device))
     if isinstance(params, _NearestParams):

@@ -31,8 +31,8 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._torch_internals import TorchDispatchMode
 from ._block import BlockFormat
 from ._recipe import Recipe, random_hadamard
 

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ._block import BlockFormat, _blocks, _normalise_axis, _quantise_blocks
+from ._block import BlockFormat, normalise_axis, quantise_blocks, to_blocks
 
 __all__ = ["QuantisationStatistics", "quantisation_statistics"]
 
@@ -59,14 +59,14 @@ def raw_quantisation_statistics(x: Tensor, fmt: BlockFormat, axis: int = -1) -> 
     x = x.detach()
     if x.dim() < fmt.block_dims:
         x = x.reshape((1,) * (fmt.block_dims - x.dim()) + tuple(x.shape))
-    axis = _normalise_axis(x, fmt, axis)
-    blocked = _quantise_blocks(fmt, x, axis, None)
+    axis = normalise_axis(x, fmt, axis)
+    blocked = quantise_blocks(fmt, x, axis, None)
     values = blocked.elements * blocked.scales.unsqueeze(-1)
     limit = fmt.element.max_absolute_value * blocked.scales
     if blocked.tensor_scale is not None:
         values = values * blocked.tensor_scale
         limit = limit * blocked.tensor_scale
-    original, _ = _blocks(x.float(), fmt, axis)
+    original, _ = to_blocks(x.float(), fmt, axis)
     magnitude = original.abs()
     finite = original.isfinite()
     nonzero = finite & (original != 0)
