@@ -137,3 +137,21 @@ def test_serves_only_what_it_matches() -> None:
     # The eager path still raises what it raises.
     with pytest.raises(ValueError, match="axis 2 is out of range"):
         MXFP4.quantise(x, axis=2)
+
+
+def test_stochastic_counters_wrap_as_the_eager_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seed plus position past 2^32 wraps in both paths (uint32 words)."""
+    real = torch.randint
+
+    def seed_near_the_top(*args: Any, **kwargs: Any) -> Tensor:
+        if args[:2] == (0, 1 << 32) and args[2] == ():
+            return torch.tensor((1 << 32) - 37, dtype=torch.int64)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "randint", seed_near_the_top)
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(3))
+    for fmt in (MXFP4.with_rounding("stochastic"), NVFP4.with_rounding("stochastic")):
+        for axis in (0, 1):
+            assert same(native(fmt, x, axis), eager(fmt, x, axis)), (fmt, axis)

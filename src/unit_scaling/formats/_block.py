@@ -454,7 +454,7 @@ def _tensor_scales(
     device = x.device
     if tensor_amax is None:
         global_amax = (
-            torch.linalg.vector_norm(x.detach(), math.inf).float()
+            x.detach().abs().amax().float()
             if x.numel()
             else torch.zeros((), dtype=f32, device=device)
         )

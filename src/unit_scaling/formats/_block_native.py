@@ -57,47 +57,6 @@ struct Params {
   float scale_times_inv_max, decode;          // NVFP4
 };
 
-// formats/_fp.py's _hash32 on 32-bit words (its int64 products masked to 32
-// bits are unsigned 32-bit products).
-inline uint32_t hash32(uint32_t h) {
-  h ^= h >> 16;
-  h *= 0x7FEB352Du;
-  h ^= h >> 16;
-  h *= 0x21F0AAADu;
-  h ^= h >> 16;
-  h *= 0x735A2D97u;
-  return h ^ (h >> 16);
-}
-
-// Stochastic rounding as formats/_fp.py's _round_stochastic (float32), branch
-// free so that loops of it vectorise.
-inline float round_stochastic_word(float v, uint32_t word, const Params& p) {
-  const float mag = std::fmin(std::fabs(v), p.max_value);
-  const uint32_t bits = bits_of(mag);
-  const int32_t exponent = std::max(static_cast<int32_t>(bits >> 23), 1);
-  const int32_t below =
-      std::max(static_cast<int32_t>(p.min_normal_exponent) - exponent, 0);
-  const int32_t dropped = std::min(static_cast<int32_t>(p.shift) + below, 23);
-  const uint32_t step_mask = (1u << dropped) - 1u;
-  const int32_t unused =
-      dropped - std::min(dropped, static_cast<int32_t>(p.kept_bits));
-  const uint32_t offset = word & step_mask & ~((1u << unused) - 1u);
-  const float rounded = float_of((bits + offset) & ~step_mask);
-  const float threshold = (mag * p.inv_min_normal) * p.tiny_scale;
-  const float tiny =
-      static_cast<float>(static_cast<int32_t>((word >> p.tiny_shift) + 1u)) <=
-              threshold
-          ? 1.0f
-          : 0.0f;
-  const float q = mag < p.min_subnormal ? tiny * p.min_subnormal : rounded;
-  return v != v ? v : std::copysign(q, v);
-}
-
-inline float round_stochastic(float v, int64_t index, const Params& p) {
-  return round_stochastic_word(
-      v, hash32(static_cast<uint32_t>(index + p.seed)) >> 8, p);
-}
-
 inline int32_t floor_log2(float a) { int e; std::frexp(a, &e); return e - 1; }
 inline int32_t ceil_log2(float a) {
   int e; const float f = std::frexp(a, &e); return e - 1 + (f > 0.5f ? 1 : 0);
@@ -150,6 +109,64 @@ inline V round_nearest_vec(V v, V max_value, V min_normal, V to_big) {
   return V::blendv(rounded, v, v != v);
 }
 
+using VI = at::vec::Vectorized<int32_t>;
+
+// start + i * step for lane i, in uint32 arithmetic (wrapping), as int32 lanes.
+inline VI words_from(uint32_t start, uint32_t step) {
+  int32_t lanes[kStep];
+  for (int64_t i = 0; i < kStep; ++i) {
+    const uint32_t w = start + static_cast<uint32_t>(i) * step;
+    std::memcpy(&lanes[i], &w, 4);
+  }
+  return VI::loadu(lanes);
+}
+
+// formats/_fp.py's _hash32 on each lane: its int64 products masked to 32 bits
+// are int32 products (wrapping); the right shifts are arithmetic here, so they
+// are masked to be logical.
+inline VI hash32_vec(VI h) {
+  const VI low16(0xFFFF);
+  h = h ^ ((h >> VI(16)) & low16);
+  h = h * VI(static_cast<int32_t>(0x7FEB352Du));
+  h = h ^ ((h >> VI(16)) & low16);
+  h = h * VI(static_cast<int32_t>(0x21F0AAADu));
+  h = h ^ ((h >> VI(16)) & low16);
+  h = h * VI(static_cast<int32_t>(0x735A2D97u));
+  return h ^ ((h >> VI(16)) & low16);
+}
+
+// formats/_fp.py's _round_stochastic (float32) on each lane, its random word
+// the hash of the lane's index (plus the seed), on bit patterns: a
+// non-negative float orders as its bits.
+inline V round_stochastic_vec(V v, VI index, const Params& p) {
+  const VI zero(0), one(1);
+  const VI word = (hash32_vec(index) >> VI(8)) & VI(0xFFFFFF);
+  const VI v_bits = at::vec::cast<int32_t>(v);
+  const VI abs_bits = v_bits & VI(0x7fffffff);
+  const VI max_bits(static_cast<int32_t>(bits_of(p.max_value)));
+  const VI bits = at::vec::minimum(abs_bits, max_bits);  // Inf too
+  const VI exponent = at::vec::maximum(bits >> VI(23), one);
+  const VI min_normal_exponent(static_cast<int32_t>(p.min_normal_exponent));
+  const VI below = at::vec::maximum(min_normal_exponent - exponent, zero);
+  const VI dropped =
+      at::vec::minimum(VI(static_cast<int32_t>(p.shift)) + below, VI(23));
+  const VI step_mask = (one << dropped) - one;
+  const VI unused =
+      dropped - at::vec::minimum(dropped, VI(static_cast<int32_t>(p.kept_bits)));
+  const VI offset = word & step_mask & ~((one << unused) - one);
+  const VI rounded = (bits + offset) & ~step_mask;
+  const V magnitude = at::vec::cast<float>(bits);
+  const V threshold = (magnitude * V(p.inv_min_normal)) * V(p.tiny_scale);
+  const V draw = at::vec::convert_to_fp_of_same_size<float>(
+      (word >> VI(static_cast<int32_t>(p.tiny_shift))) + one);
+  const VI min_sub(static_cast<int32_t>(bits_of(p.min_subnormal)));
+  const VI tiny = at::vec::cast<int32_t>(draw <= threshold) & min_sub;
+  const VI q = VI::blendv(rounded, tiny, bits < min_sub);
+  const VI signed_q = q | (v_bits & VI(static_cast<int32_t>(0x80000000u)));
+  const VI out = VI::blendv(signed_q, v_bits, abs_bits > VI(0x7f800000));
+  return at::vec::cast<float>(out);
+}
+
 inline float block_amax(const float* x, int64_t n) {
   V m(0.0f);
   for (int64_t j = 0; j < n; j += kStep) {
@@ -199,19 +216,14 @@ void block(const float* __restrict x, float* __restrict out, int64_t n,
   float inverse, scale;
   block_scales(block_amax(x, n), p, &inverse, &scale);
   if (p.stochastic) {
-    // In chunks: the random words first (a loop of integer ops that
-    // vectorises), then the rounding.
-    constexpr int64_t kChunk = 64;
-    uint32_t words[kChunk];
-    float scaled[kChunk];
-    for (int64_t c = 0; c < n; c += kChunk) {
-      const int64_t m = n - c < kChunk ? n - c : kChunk;
-      const uint32_t base = static_cast<uint32_t>(first_index + c + p.seed);
-      for (int64_t j = 0; j < m; ++j)
-        words[j] = hash32(base + static_cast<uint32_t>(j)) >> 8;
-      for (int64_t j = 0; j < m; ++j) scaled[j] = x[c + j] * inverse;
-      for (int64_t j = 0; j < m; ++j)
-        out[c + j] = finish(round_stochastic_word(scaled[j], words[j], p), scale, p);
+    const V vinv(inverse), vscale(scale), vdecode(p.decode);
+    const uint32_t base = static_cast<uint32_t>(first_index + p.seed);
+    for (int64_t j = 0; j < n; j += kStep) {
+      const int c = static_cast<int>(n - j < kStep ? n - j : kStep);
+      const VI index = words_from(base + static_cast<uint32_t>(j), 1u);
+      V value = round_stochastic_vec(V::loadu(x + j, c) * vinv, index, p) * vscale;
+      if (p.mode == 4) value = value * vdecode;
+      value.store(out + j, c);
     }
     return;
   }
@@ -239,17 +251,21 @@ void strided_blocks(const float* __restrict x, float* __restrict out, int64_t n,
   for (int l = 0; l < lanes; ++l) {
     block_scales(amax[l], p, &inverse[l], &scale[l]);
   }
-  if (p.stochastic) {
-    for (int l = 0; l < lanes; ++l)
-      for (int64_t j = 0; j < n; ++j)
-        out[j * stride + l] = finish(
-            round_stochastic(x[j * stride + l] * inverse[l],
-                             first + l * lane_index_step + j, p),
-            scale[l], p);
-    return;
-  }
   for (int l = lanes; l < kStep; ++l) inverse[l] = scale[l] = 0.0f;
   const V vinv = V::loadu(inverse), vscale = V::loadu(scale), vdecode(p.decode);
+  if (p.stochastic) {
+    // Lane l's element j sits at first + l * lane_index_step + j.
+    const VI lane_start = words_from(static_cast<uint32_t>(first + p.seed),
+                                     static_cast<uint32_t>(lane_index_step));
+    for (int64_t j = 0; j < n; ++j) {
+      const VI index = lane_start + VI(static_cast<int32_t>(j));
+      V value = round_stochastic_vec(V::loadu(x + j * stride, lanes) * vinv, index, p) *
+                vscale;
+      if (p.mode == 4) value = value * vdecode;
+      value.store(out + j * stride, lanes);
+    }
+    return;
+  }
   const V vmax(p.max_value), vmin(p.min_normal), vbig(p.to_big);
   for (int64_t j = 0; j < n; ++j) {
     V value = round_nearest_vec(V::loadu(x + j * stride, lanes) * vinv, vmax, vmin,
