@@ -203,11 +203,6 @@ inline void block_scales(float amax, const Params& p, float* inverse, float* sca
   }
 }
 
-inline float finish(float element, float scale, const Params& p) {
-  const float value = element * scale;
-  return p.mode == 4 ? value * p.decode : value;
-}
-
 // A block of n consecutive elements; first_index: its first element's position
 // in the blocked, zero-padded tensor (stochastic rounding's counter).
 void block(const float* __restrict x, float* __restrict out, int64_t n,
