@@ -32,6 +32,7 @@ from unit_scaling.formats import (
     quantised_linear,
     quantised_matmul,
     random_hadamard,
+    recipe_with_rule,
 )
 from unit_scaling.transforms import compile, simulate_format, track_scales, unit_scale
 
@@ -356,6 +357,12 @@ def test_bad_recipes_raise() -> None:
     with pytest.raises(TypeError, match="a Recipe"):
         simulate_format(nn.Linear(2, 2), NVFP4)  # type: ignore[arg-type]
     assert isinstance(NVFP4_RECIPE.forward[1], BlockFormat)
+    with pytest.raises(TypeError, match="recipe must be a Recipe"):
+        recipe_with_rule("MXFP8", "floor")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="scale_rule"):
+        recipe_with_rule(MXFP8_RECIPE, "bogus")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="groups must be a positive int"):
+        quantised_conv(_randn(1, 4, 3, 3), _randn(4, 4, 1, 1), recipe=NONE, groups=0)
 
 
 def _by_channel(fmt: BlockFormat, x: Tensor, dim: int, groups: int = 1) -> Tensor:

@@ -279,6 +279,9 @@ def recipe_with_rule(recipe: Recipe, scale_rule: ScaleRule) -> Recipe:
         'floor'
     """
 
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe must be a Recipe, got {type(recipe).__name__}")
+
     def change(fmt: BlockFormat | None) -> BlockFormat | None:
         if fmt is None or fmt.scale != "e8m0":
             return fmt
